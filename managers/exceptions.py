@@ -1,0 +1,33 @@
+"""The errors that managers raise.
+
+::
+
+    ManagerError
+     ├── VersionError (also ValueError)        a version that cannot be saved
+     │    └── VersionExistsError               the version was saved before
+     └── VersionNotFoundError (also LookupError)  no saved state under that version
+
+Errors raised by a value being released or saved (a leaf that cannot be stored, a
+failing value reference) and operating-system errors (a full disk) are not wrapped:
+they propagate as they are.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ManagerError", "VersionError", "VersionExistsError", "VersionNotFoundError"]
+
+
+class ManagerError(Exception):
+    """Base of the errors raised by program-state and release managers."""
+
+
+class VersionError(ManagerError, ValueError):
+    """A program-state version that cannot be saved: not an int, negative, or too low."""
+
+
+class VersionExistsError(VersionError):
+    """A program-state version that was saved before; versions are saved once."""
+
+
+class VersionNotFoundError(ManagerError, LookupError):
+    """No program state is saved under the requested version."""

@@ -1,0 +1,75 @@
+"""The abstract release manager: the contract every metrics and model sink fulfils."""
+
+from __future__ import annotations
+
+import abc
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = ["ReleaseKey", "ReleaseManager", "check_key"]
+
+ReleaseKey = int | str
+"""A release key: an ``int`` (usually a round number) or a ``str`` (a named release)."""
+
+
+class ReleaseManager(abc.ABC):
+    """Publishes values (metrics, models) of a running program under keys.
+
+    A program releases each round's metrics with ``key`` = round number and its final
+    model with a ``str`` key such as ``final_training_checkpoint_round_100``. A manager
+    decides where values go: memory, a log, files, TensorBoard, another manager.
+
+    Contract for every implementation:
+
+    - ``release(value, key)``: ``value`` is a structure (see :mod:`managers.structure`)
+      whose leaves may be value references (see :mod:`managers.values`); the manager
+      materializes what it needs. ``key`` is an ``int`` (not ``bool``) or a ``str``;
+      anything else raises ``TypeError``.
+    - Idempotent by key: releasing a key again replaces what that key held and leaves
+      other keys alone, whatever order keys arrive in. A program that resumes after a
+      crash releases its last round again, and forked evaluations finish out of order;
+      neither may leave duplicates. An implementation that cannot honour this says so
+      (the logging manager logs every release).
+    - Errors are raised to the caller, never only logged. A release that raises or is
+      cancelled leaves what other keys hold intact.
+    - Concurrent calls on one instance are allowed unless the implementation says
+      otherwise.
+    - Implementations document what they write and where.
+
+    Subclasses need not call ``__init__`` of this class. ``aclose`` and the async
+    context manager protocol have no-op defaults; an implementation that holds open
+    files or connections releases them in ``aclose``.
+
+    The reference implementation is :class:`~managers.release.memory.MemoryReleaseManager`.
+    Writing your own takes a few lines::
+
+        class PrintingReleaseManager(ReleaseManager):
+            async def release(self, value, key):
+                check_key(key)
+                logger.info("%s: %s", key, await materialize(value))
+    """
+
+    @abc.abstractmethod
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        """Publish ``value`` under ``key``, replacing what ``key`` held."""
+
+    async def aclose(self) -> None:
+        """Release what the manager holds; the default holds nothing."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def check_key(key: object) -> ReleaseKey:
+    """``key`` if it is a valid release key; ``TypeError`` naming its type otherwise."""
+    if isinstance(key, bool) or not isinstance(key, int | str):
+        raise TypeError(f"a release key must be an int or a str, got {type(key).__name__} {key!r}")
+    return key

@@ -1,0 +1,74 @@
+"""Program state kept in memory: for tests, notebooks and short runs."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from managers.exceptions import VersionNotFoundError
+from managers.state.base import ProgramStateManager, check_version
+from managers.structure import leaves, unflatten
+
+__all__ = ["MemoryProgramStateManager"]
+
+
+class MemoryProgramStateManager(ProgramStateManager):
+    """Keeps saved versions in memory, as deep copies.
+
+    ``keep_total``: keep at most this many versions, the newest ones (``None`` keeps
+    all). The version just saved is always kept. Nothing survives the process; use it
+    in tests and where a restart need not resume.
+
+    ``load`` returns a deep copy of what was saved, with its own container types
+    (NamedTuples and dataclasses stay what they were); with a ``structure`` template,
+    containers take the template's types instead.
+    """
+
+    def __init__(self, keep_total: int | None = None) -> None:
+        if keep_total is not None and (
+            not isinstance(keep_total, int) or isinstance(keep_total, bool) or keep_total < 1
+        ):
+            raise ValueError(f"keep_total must be a positive int or None, got {keep_total!r}")
+        self._keep_total = keep_total
+        self._versions: dict[int, Any] = {}  # ascending: saves strictly increase
+
+    async def save(self, state: Any, version: int) -> None:
+        newest = next(reversed(self._versions), None)
+        check_version(version, newest=newest, exists=version in self._versions)
+        self._versions[version] = copy.deepcopy(state)
+        if self._keep_total is not None:
+            while len(self._versions) > self._keep_total:
+                del self._versions[next(iter(self._versions))]
+
+    async def load(self, version: int, structure: Any = None) -> Any:
+        try:
+            state = self._versions[version]
+        except (KeyError, TypeError):
+            raise VersionNotFoundError(
+                f"no program state is saved as version {version!r}; saved: "
+                f"{sorted(self._versions)}"
+            ) from None
+        loaded = copy.deepcopy(state)
+        if structure is None:
+            return loaded
+        return _reshape(structure, loaded)
+
+    async def get_versions(self) -> list[int]:
+        return list(self._versions)
+
+    async def remove(self, version: int) -> None:
+        if version not in self._versions:
+            raise VersionNotFoundError(f"no program state is saved as version {version!r}")
+        del self._versions[version]
+
+    async def remove_all(self) -> None:
+        self._versions.clear()
+
+
+def _reshape(template: Any, value: Any) -> Any:
+    """``value`` with the container types of ``template``; ``None`` keeps a subtree."""
+    if template is None:
+        return value
+    if isinstance(template, dict) and isinstance(value, dict):
+        return {key: _reshape(template.get(key), child) for key, child in value.items()}
+    return unflatten(template, leaves(value))

@@ -1,0 +1,187 @@
+"""The federated context: the backend that runs a program's computations.
+
+Program logic never talks to a backend directly. It asks the *current* context, the one
+entered with ``async with context:`` in the running task, to run client work and
+server-side steps. The current context lives in a :mod:`contextvars` variable, so two
+programs in one event loop, each inside its own context, never see each other's.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextvars
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from programlogic.exceptions import NoFederatedContextError
+from programlogic.tasks import TaskTracker
+
+if TYPE_CHECKING:
+    from programlogic.data import ClientHandle
+
+__all__ = [
+    "ClientFn",
+    "FederatedContext",
+    "GroupFn",
+    "check_in_federated_context",
+    "get_context",
+]
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+ClientFn = Callable[[Any, str, Any], Any]
+"""Per-client work: ``fn(broadcast, client_id, client_data) -> result``."""
+
+GroupFn = Callable[[Any, Sequence[str], Sequence[Any]], Sequence[Any]]
+"""Work on a group of clients at once: ``fn(broadcast, client_ids, datas) -> results``."""
+
+_current: contextvars.ContextVar[FederatedContext | None] = contextvars.ContextVar(
+    "programlogic_federated_context", default=None
+)
+
+
+class FederatedContext(abc.ABC):
+    """Runs the computations of federated programs: client work and server-side steps.
+
+    Enter a context with ``async with`` to make it the current one for the code inside
+    (and for tasks started from there). Implementations decide where work runs:
+    in-process threads (:class:`~programlogic.contexts.local.LocalContext`, the
+    embedded default), Ray workers, or TensorFlow Federated's runtime.
+
+    What implementations must provide:
+
+    - ``run(fn, *args)``: run a synchronous server-side step (initialize, aggregation,
+      an optimizer step) off the event loop and return its result. Exceptions raised
+      by ``fn`` propagate unchanged.
+    - ``map_clients(fn, broadcast, clients, group_size=None)``: for every client handle,
+      load its data where the work runs and call ``fn(broadcast, client_id, data)``;
+      return the results in the order of ``clients``, not in the order they finished.
+      With ``group_size``, ``fn`` receives up to that many clients at once
+      (``fn(broadcast, client_ids, datas)`` returning one result per client), so a
+      backend may vectorize them. Work that raises fails the call with
+      :class:`~programlogic.exceptions.ClientError` naming the client (or the group);
+      the other clients' work is cancelled or discarded. A cancelled call leaves no
+      work running when it returns.
+
+    What the base class provides:
+
+    - ``aggregate_clients``: fold client results in client order with ``accumulate``,
+      so memory need not grow with the number of clients; implementations may
+      override it to consume results as they arrive.
+    - ``background``: a :class:`~programlogic.tasks.TaskTracker` for work that outlives
+      a call (forked evaluations). Leaving the context cancels what is unfinished;
+      failures nobody collected are raised then.
+    - ``open()`` / ``close()`` hooks, called on entering and leaving, with no-op
+      defaults: start and stop what the backend needs there.
+
+    A context may be entered once at a time; entering it again while it is entered is
+    an error. Example::
+
+        async with LocalContext(max_workers=4) as context:
+            results = await context.map_clients(train_client, weights, clients)
+    """
+
+    _token: contextvars.Token[FederatedContext | None] | None = None
+    _background: TaskTracker | None = None
+
+    @abc.abstractmethod
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """``fn(*args)``, computed off the event loop."""
+
+    @abc.abstractmethod
+    async def map_clients(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        *,
+        group_size: int | None = None,
+    ) -> list[Any]:
+        """The result of the client work for each client, in the order of ``clients``."""
+
+    async def aggregate_clients(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        accumulate: Callable[[A, Any], A],
+        initial: A,
+        *,
+        group_size: int | None = None,
+    ) -> A:
+        """``accumulate`` applied to the client results in client order, from ``initial``.
+
+        ``accumulate(total, result)`` returns the new total; it runs on the event loop
+        thread, so it should be cheap (a weighted sum), or offload its work itself.
+        """
+        total = initial
+        for result in await self.map_clients(fn, broadcast, clients, group_size=group_size):
+            total = accumulate(total, result)
+        return total
+
+    @property
+    def background(self) -> TaskTracker:
+        """The owner of this context's background work; only while the context is entered."""
+        if self._background is None:
+            raise NoFederatedContextError(
+                f"{type(self).__name__} is not entered: use `async with {type(self).__name__}():`"
+            )
+        return self._background
+
+    async def open(self) -> None:
+        """Start what the backend needs; called when the context is entered."""
+
+    async def close(self) -> None:
+        """Stop what :meth:`open` started; called when the context is left."""
+
+    async def __aenter__(self) -> Self:
+        if self._token is not None:
+            raise RuntimeError(f"this {type(self).__name__} is already entered")
+        await self.open()
+        try:
+            tracker = TaskTracker()
+            await tracker.__aenter__()
+        except BaseException:
+            await self.close()
+            raise
+        self._background = tracker
+        self._token = _current.set(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token, self._token = self._token, None
+        tracker, self._background = self._background, None
+        try:
+            if tracker is not None:
+                await tracker.__aexit__(exc_type, exc, traceback)
+        finally:
+            if token is not None:
+                _current.reset(token)
+            await self.close()
+
+
+def get_context() -> FederatedContext:
+    """The current federated context.
+
+    Raises:
+        NoFederatedContextError: no context is entered in this task.
+    """
+    context = _current.get()
+    if context is None:
+        raise NoFederatedContextError(
+            "no federated context is active here: run this inside "
+            "`async with LocalContext():` (or another FederatedContext)"
+        )
+    return context
+
+
+def check_in_federated_context() -> None:
+    """Raise :class:`NoFederatedContextError` unless a federated context is current."""
+    get_context()

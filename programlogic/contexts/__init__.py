@@ -1,0 +1,10 @@
+"""Backends of the federated context.
+
+``local`` (the embedded default) is imported here. The scale-out and TensorFlow
+Federated backends are separate modules, imported on first use, so their optional
+dependencies are needed only by programs that use them.
+"""
+
+from programlogic.contexts.local import LocalContext
+
+__all__ = ["LocalContext"]

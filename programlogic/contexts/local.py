@@ -1,0 +1,147 @@
+"""The embedded local context: client work on a bounded pool of threads in this process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from programlogic.context import ClientFn, FederatedContext, GroupFn
+from programlogic.exceptions import ClientError
+from programlogic.tasks import task_group
+
+if TYPE_CHECKING:
+    from programlogic.data import ClientHandle
+
+__all__ = ["LocalContext"]
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+
+class LocalContext(FederatedContext):
+    """Runs client work and server-side steps on worker threads of this process.
+
+    ``max_workers`` bounds how many threads compute at once (default: the number of
+    CPUs). Client data is loaded on the worker thread that runs the client's work.
+    NumPy, TensorFlow and other libraries that release the GIL get real parallelism;
+    pure-Python client work runs one thread at a time but never blocks the event loop.
+
+    Results come back in client order. :meth:`aggregate_clients` consumes them as soon
+    as every earlier client's result is in, so at most the out-of-order results wait in
+    memory. Cancelling a call waits for the threads already computing to finish their
+    current client (a thread cannot be interrupted) and starts no further client.
+    """
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        if max_workers is not None and (
+            not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1
+        ):
+            raise ValueError(f"max_workers must be a positive int or None, got {max_workers!r}")
+        self.max_workers = max_workers or os.cpu_count() or 1
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    async def open(self) -> None:
+        self._limiter = anyio.CapacityLimiter(self.max_workers)
+
+    async def close(self) -> None:
+        self._limiter = None
+
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._require_limiter())
+
+    async def map_clients(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        *,
+        group_size: int | None = None,
+    ) -> list[Any]:
+        results: list[Any] = []
+        await self._stream(fn, broadcast, clients, group_size, results.append)
+        return results
+
+    async def aggregate_clients(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        accumulate: Callable[[A, Any], A],
+        initial: A,
+        *,
+        group_size: int | None = None,
+    ) -> A:
+        total = initial
+
+        def consume(result: Any) -> None:
+            nonlocal total
+            total = accumulate(total, result)
+
+        await self._stream(fn, broadcast, clients, group_size, consume)
+        return total
+
+    def _require_limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None:
+            raise RuntimeError("LocalContext is not entered: use `async with LocalContext():`")
+        return self._limiter
+
+    async def _stream(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        group_size: int | None,
+        consume: Callable[[Any], None],
+    ) -> None:
+        """Run the work of ``clients`` and hand each result to ``consume`` in client order."""
+        limiter = self._require_limiter()
+        if group_size is not None and (
+            not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1
+        ):
+            raise ValueError(f"group_size must be a positive int or None, got {group_size!r}")
+        size = group_size or 1
+        units = [list(clients[start : start + size]) for start in range(0, len(clients), size)]
+        if not units:
+            return
+        pending: dict[int, list[Any]] = {}
+        next_unit_to_run = 0
+        next_unit_to_consume = 0
+
+        def compute(unit: list[ClientHandle]) -> list[Any]:
+            ids = [client.client_id for client in unit]
+            try:
+                if group_size is None:
+                    return [fn(broadcast, ids[0], unit[0].load())]
+                outputs = list(fn(broadcast, ids, [client.load() for client in unit]))
+            except Exception as error:
+                raise ClientError(ids, error) from error
+            if len(outputs) != len(unit):
+                raise ClientError(
+                    ids,
+                    ValueError(
+                        f"the group function returned {len(outputs)} results for "
+                        f"{len(unit)} clients"
+                    ),
+                )
+            return outputs
+
+        async def worker() -> None:
+            nonlocal next_unit_to_run, next_unit_to_consume
+            while next_unit_to_run < len(units):
+                index = next_unit_to_run
+                next_unit_to_run += 1
+                pending[index] = await anyio.to_thread.run_sync(
+                    compute, units[index], limiter=limiter
+                )
+                while next_unit_to_consume in pending:
+                    for result in pending.pop(next_unit_to_consume):
+                        consume(result)
+                    next_unit_to_consume += 1
+
+        async with task_group() as group:
+            for _ in range(min(self.max_workers, len(units))):
+                group.start_soon(worker)

@@ -1,0 +1,54 @@
+"""The learning process protocol: what ``train_model`` drives round by round."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from programlogic.data import ClientHandle
+
+__all__ = ["LearningProcess", "LearningProcessOutput"]
+
+
+class LearningProcessOutput(NamedTuple):
+    """What one round of a learning process returns: the new state and its metrics."""
+
+    state: Any
+    metrics: Any
+
+
+@runtime_checkable
+class LearningProcess(Protocol):
+    """A federated learning algorithm as a state machine over rounds.
+
+    - ``initialize()`` returns the initial state (the round-0 checkpoint).
+    - ``next(state, clients)`` runs one round on the given client handles and returns a
+      :class:`LearningProcessOutput`. It may be a plain function, which ``train_model``
+      runs off the event loop through the federated context, or a coroutine function,
+      which is awaited and typically calls the current context's ``map_clients``.
+      Training metrics go under ``client_work/train`` (``client_work/train/loss``).
+    - ``get_model_weights(state)`` returns the model weights held in a state;
+      ``set_model_weights(state, weights)`` returns a state holding ``weights``.
+
+    Any of the four may be sync or async. A process must not mutate a state it was
+    given: ``train_model`` may still be saving the previous round's state while the
+    next round computes.
+    """
+
+    def initialize(self) -> Any | Awaitable[Any]:
+        """The initial state."""
+        ...
+
+    def next(
+        self, state: Any, clients: Sequence[ClientHandle]
+    ) -> LearningProcessOutput | Awaitable[LearningProcessOutput]:
+        """One round on ``clients``, from ``state``."""
+        ...
+
+    def get_model_weights(self, state: Any) -> Any:
+        """The model weights held in ``state``."""
+        ...
+
+    def set_model_weights(self, state: Any, weights: Any) -> Any:
+        """A state like ``state`` that holds ``weights``."""
+        ...

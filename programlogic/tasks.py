@@ -1,0 +1,152 @@
+"""Tracked background tasks: every task has an owner and no failure is swallowed.
+
+Two shapes of ownership are used across programlogic:
+
+- :func:`task_group`: an anyio task group whose lone failure is raised as itself
+  (several failures as an ``ExceptionGroup``). A failing task cancels its siblings and
+  the owner at once. ``train_model`` runs its saves and releases in one, so a failed
+  save fails the run with that same exception.
+- :class:`TaskTracker`: an owner whose tasks fail independently. A failure is kept,
+  not propagated at once, and raised by :meth:`TaskTracker.wait` or when the tracker
+  closes. Federated contexts own one for work that outlives a call (forked
+  evaluations): one failing evaluation does not cancel training or other evaluations.
+
+Cancellation: closing either owner cancels what is still running; cancellation is
+never swallowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from managers._taskgroups import collapse, task_group
+
+__all__ = ["TaskTracker", "collapse", "task_group"]
+
+
+class TaskTracker:
+    """Owns background tasks that fail independently; their failures are kept for later.
+
+    Use as an async context manager. Leaving it cancels the tasks still running, then
+    raises the failures nobody has collected yet (unless the block itself raised).
+
+    Example::
+
+        async with TaskTracker() as tracker:
+            tracker.start_soon(evaluate, 1)
+            tracker.start_soon(evaluate, 2)
+            await tracker.wait()  # raises what failed: the error, or an ExceptionGroup
+    """
+
+    def __init__(self) -> None:
+        self._group: TaskGroup | None = None
+        self._failures: list[Exception] = []
+        self._running = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    @property
+    def running(self) -> int:
+        """How many tracked tasks have not finished."""
+        return self._running
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        """Run ``fn(*args)`` in the background; a failure is kept for :meth:`wait`."""
+        self._require_group().start_soon(self._run, fn, args, None, name=name)
+
+    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> Any:
+        """Run ``fn(*args, task_status=...)`` and return once it calls ``task_status.started()``.
+
+        What ``fn`` passes to ``started`` is returned. A failure before ``started`` is
+        raised here; a failure after it is kept for :meth:`wait`.
+        """
+        return await self._require_group().start(self._run_started, fn, args, name=name)
+
+    async def wait(self) -> None:
+        """Wait until no task runs, then raise the failures kept so far (and forget them)."""
+        while self._running:
+            await self._idle.wait()
+        self.raise_failures()
+
+    def raise_failures(self) -> None:
+        """Raise the failures kept so far: one as itself, several as an ExceptionGroup."""
+        if not self._failures:
+            return
+        failures, self._failures = self._failures, []
+        if len(failures) == 1:
+            raise failures[0]
+        raise ExceptionGroup(f"{len(failures)} background tasks failed", failures)
+
+    async def __aenter__(self) -> Self:
+        group = anyio.create_task_group()
+        await group.__aenter__()
+        self._group = group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        group, self._group = self._require_group(), None
+        group.cancel_scope.cancel()
+        suppressed = await group.__aexit__(exc_type, exc, traceback)
+        if exc_type is None:
+            self.raise_failures()
+        return suppressed
+
+    def _require_group(self) -> TaskGroup:
+        if self._group is None:
+            raise RuntimeError("the TaskTracker is not open: use it as `async with TaskTracker():`")
+        return self._group
+
+    async def _run(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        status: TaskStatus[Any] | None,
+    ) -> None:
+        if self._running == 0:
+            self._idle = anyio.Event()
+        self._running += 1
+        flag = None if status is None else _StartedFlag(status)
+        try:
+            if flag is None:
+                await fn(*args)
+            else:
+                await fn(*args, task_status=flag)
+        except Exception as error:
+            if flag is not None and not flag.is_started:
+                raise  # the caller of start() receives it
+            self._failures.append(error)
+        finally:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.set()
+
+    async def _run_started(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        *,
+        task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        await self._run(fn, args, task_status)
+
+
+class _StartedFlag:
+    """A task status that remembers whether the task said it started."""
+
+    def __init__(self, status: TaskStatus[Any]) -> None:
+        self._status = status
+        self.is_started = False
+
+    def started(self, value: Any = None) -> None:
+        self.is_started = True
+        self._status.started(value)
