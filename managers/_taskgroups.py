@@ -34,7 +34,12 @@ async def task_group() -> AsyncIterator[TaskGroup]:
         failure = collapse(group_error)
         if failure is group_error:
             raise
-        raise failure from None
+        context = failure.__context__
+        try:
+            raise failure
+        finally:
+            failure.__context__ = context  # keep its own chain, not the group's
+            del failure
 
 
 def _leaves(group_error: BaseExceptionGroup) -> list[BaseException]:

@@ -96,7 +96,14 @@ class TaskTracker:
     ) -> bool | None:
         group, self._group = self._require_group(), None
         group.cancel_scope.cancel()
-        suppressed = await group.__aexit__(exc_type, exc, traceback)
+        try:
+            suppressed = await group.__aexit__(exc_type, exc, traceback)
+        except BaseExceptionGroup as group_error:
+            cancelled = anyio.get_cancelled_exc_class()
+            _, others = group_error.split(lambda e: e is exc or isinstance(e, cancelled))
+            if exc is not None and others is None:
+                return False  # the block's own exception propagates as it is
+            raise
         if exc_type is None:
             self.raise_failures()
         return suppressed

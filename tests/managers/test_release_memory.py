@@ -1,0 +1,121 @@
+"""MemoryReleaseManager beyond the shared contract: ordering, max_entries, values()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from managers import MemoryReleaseManager
+
+pytestmark = pytest.mark.anyio
+
+
+class Later:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    async def get_value(self) -> Any:
+        await anyio.sleep(0)
+        return self.value
+
+
+async def test_values_empty():
+    assert MemoryReleaseManager().values() == {}
+
+
+async def test_values_ordered_by_first_release():
+    manager = MemoryReleaseManager()
+    for key in (3, "final", 1, 2):
+        await manager.release(f"v{key}", key)
+    assert list(manager.values()) == [3, "final", 1, 2]
+
+
+async def test_re_release_keeps_position():
+    manager = MemoryReleaseManager()
+    for key in (1, 2, 3):
+        await manager.release(f"v{key}", key)
+    await manager.release("new", 1)
+    assert list(manager.values().items()) == [(1, "new"), (2, "v2"), (3, "v3")]
+
+
+async def test_values_are_stored_materialized():
+    manager = MemoryReleaseManager()
+    await manager.release({"loss": Later(0.5)}, 1)
+    assert manager.values() == {1: {"loss": 0.5}}
+
+
+async def test_value_without_references_is_stored_without_copying():
+    manager = MemoryReleaseManager()
+    value = {"loss": 0.5}
+    await manager.release(value, 1)
+    assert manager.values()[1] is value
+
+
+async def test_max_entries_drops_earliest_keys():
+    manager = MemoryReleaseManager(max_entries=3)
+    for key in range(1, 6):
+        await manager.release(f"v{key}", key)
+    assert list(manager.values().items()) == [(3, "v3"), (4, "v4"), (5, "v5")]
+
+
+async def test_max_entries_re_release_does_not_drop():
+    manager = MemoryReleaseManager(max_entries=2)
+    await manager.release("a", 1)
+    await manager.release("b", 2)
+    await manager.release("b2", 2)
+    await manager.release("a2", 1)
+    assert list(manager.values().items()) == [(1, "a2"), (2, "b2")]
+
+
+async def test_max_entries_drops_by_first_release_even_after_re_release():
+    manager = MemoryReleaseManager(max_entries=2)
+    await manager.release("a", 1)
+    await manager.release("b", 2)
+    await manager.release("a2", 1)  # keeps its first position
+    await manager.release("c", 3)
+    assert list(manager.values().items()) == [(2, "b"), (3, "c")]
+
+
+async def test_max_entries_one_keeps_the_key_just_released():
+    manager = MemoryReleaseManager(max_entries=1)
+    for key in (5, 1, "final", 9):
+        await manager.release(f"v{key}", key)
+        assert manager.values() == {key: f"v{key}"}
+
+
+async def test_max_entries_never_drops_key_just_released_out_of_order():
+    manager = MemoryReleaseManager(max_entries=2)
+    await manager.release("v9", 9)
+    await manager.release("v8", 8)
+    await manager.release("v1", 1)
+    assert list(manager.values()) == [8, 1]
+
+
+async def test_values_returns_a_copy():
+    manager = MemoryReleaseManager()
+    await manager.release("v1", 1)
+    snapshot = manager.values()
+    snapshot[2] = "injected"
+    del snapshot[1]
+    assert manager.values() == {1: "v1"}
+    assert manager.values() is not manager.values()
+
+
+async def test_failing_release_keeps_previous_value():
+    class Failing:
+        async def get_value(self) -> Any:
+            raise RuntimeError("no value")
+
+    manager = MemoryReleaseManager(max_entries=1)
+    await manager.release("kept", 1)
+    with pytest.raises(RuntimeError, match="no value"):
+        await manager.release(Failing(), 2)
+    assert manager.values() == {1: "kept"}
+
+
+@pytest.mark.parametrize("max_entries", [0, -1, True, False, 1.5, "2"])
+def test_invalid_max_entries_raises_value_error(max_entries):
+    with pytest.raises(ValueError, match=r"max_entries must be a positive int or None"):
+        MemoryReleaseManager(max_entries=max_entries)

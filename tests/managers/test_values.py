@@ -1,0 +1,180 @@
+"""managers.values: value references and their concurrent materialization."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import anyio
+import numpy as np
+import pytest
+
+from managers import ValueReference, materialize
+from managers.values import is_value_reference
+
+pytestmark = pytest.mark.anyio
+
+
+class Later:
+    """A value reference that yields to the scheduler before returning its value."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.calls = 0
+
+    async def get_value(self) -> Any:
+        self.calls += 1
+        await anyio.sleep(0)
+        return self.value
+
+
+class Failing:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def get_value(self) -> Any:
+        await anyio.sleep(0)
+        raise self.error
+
+
+class Point(NamedTuple):
+    x: Any
+    y: Any
+
+
+@dataclasses.dataclass
+class Metrics:
+    loss: Any
+    accuracy: Any
+
+
+def test_value_reference_protocol_isinstance():
+    assert isinstance(Later(1), ValueReference)
+    assert not isinstance(1, ValueReference)
+    assert not isinstance({"get_value": 1}, ValueReference)
+
+
+def test_is_value_reference():
+    assert is_value_reference(Later(1))
+    assert not is_value_reference(0.5)
+
+    class NotCallable:
+        get_value = 3
+
+    assert not is_value_reference(NotCallable())
+
+
+async def test_materialize_without_references_returns_same_object():
+    structure = {"loss": 0.5, "weights": [np.ones(2), (1, 2)], "m": Metrics(0.1, 0.9)}
+    assert await materialize(structure) is structure
+
+
+async def test_materialize_leaf_without_reference_returns_it():
+    array = np.zeros(3)
+    assert await materialize(array) is array
+
+
+async def test_materialize_root_reference():
+    assert await materialize(Later(42)) == 42
+
+
+async def test_materialize_resolves_every_reference():
+    references = [Later(i) for i in range(5)]
+    structure = {"round": 3, "values": references, "nested": {"loss": Later(0.25)}}
+    result = await materialize(structure)
+    assert result == {"round": 3, "values": [0, 1, 2, 3, 4], "nested": {"loss": 0.25}}
+    assert all(reference.calls == 1 for reference in references)
+    # The input is not modified in place.
+    assert structure["values"] is references
+    assert structure["nested"]["loss"].value == 0.25
+
+
+async def test_materialize_preserves_container_types_and_order():
+    structure = {
+        "b": Point(Later(1), 2),
+        "a": Metrics(loss=Later(0.5), accuracy=0.75),
+        "t": (Later("x"), [Later("y")]),
+    }
+    result = await materialize(structure)
+    assert list(result) == ["b", "a", "t"]
+    assert type(result["b"]) is Point
+    assert result["b"] == Point(1, 2)
+    assert type(result["a"]) is Metrics
+    assert result["a"] == Metrics(loss=0.5, accuracy=0.75)
+    assert type(result["t"]) is tuple
+    assert result["t"] == ("x", ["y"])
+
+
+async def test_materialize_reference_to_numpy_array():
+    array = np.arange(4)
+    result = await materialize({"w": Later(array), "n": 1})
+    assert result["w"] is array
+    assert result["n"] == 1
+
+
+async def test_materialize_awaits_references_concurrently():
+    first_ran = anyio.Event()
+    second_ran = anyio.Event()
+
+    class WaitsForOther:
+        def __init__(self, mine: anyio.Event, other: anyio.Event, value: str) -> None:
+            self.mine = mine
+            self.other = other
+            self.value = value
+
+        async def get_value(self) -> str:
+            self.mine.set()
+            await self.other.wait()
+            return self.value
+
+    structure = [
+        WaitsForOther(first_ran, second_ran, "a"),
+        WaitsForOther(second_ran, first_ran, "b"),
+    ]
+    with anyio.fail_after(5):
+        assert await materialize(structure) == ["a", "b"]
+
+
+async def test_single_failing_reference_raises_its_exception():
+    with pytest.raises(KeyError, match="missing"):
+        await materialize({"a": Failing(KeyError("missing")), "b": 1})
+
+
+async def test_one_of_several_failing_references_raises_unwrapped():
+    blocked = Later(None)
+
+    class Forever:
+        async def get_value(self) -> Any:
+            await anyio.sleep_forever()
+
+    error = ValueError("boom")
+    with anyio.fail_after(5), pytest.raises(ValueError, match="boom") as info:
+        await materialize({"ok": blocked, "bad": Failing(error), "slow": Forever()})
+    assert info.value is error
+    assert not isinstance(info.value, BaseExceptionGroup)
+
+
+async def test_two_failing_references_raise_exception_group():
+    arrived = 0
+    gate = anyio.Event()
+
+    class FailsTogether:
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        async def get_value(self) -> Any:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 2:
+                gate.set()
+            # Shielded so that the first failure cannot cancel the second one.
+            with anyio.CancelScope(shield=True):
+                await gate.wait()
+            raise self.error
+
+    first = ValueError("first")
+    second = KeyError("second")
+    with anyio.fail_after(5), pytest.raises(ExceptionGroup) as info:
+        await materialize([FailsTogether(first), FailsTogether(second)])
+    assert {id(error) for error in info.value.exceptions} == {id(first), id(second)}
+    assert len(info.value.exceptions) == 2

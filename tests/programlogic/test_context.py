@@ -1,0 +1,249 @@
+import threading
+import time
+
+import anyio
+import pytest
+
+from programlogic import (
+    ClientError,
+    ClientHandle,
+    InMemoryDataSource,
+    LocalContext,
+    NoFederatedContextError,
+    check_in_federated_context,
+    get_context,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def handles(count: int, data=None) -> list[ClientHandle]:
+    return [ClientHandle(f"c{i}", (lambda i=i: i if data is None else data[i])) for i in range(count)]
+
+
+async def test_outside_a_context_there_is_a_clear_error() -> None:
+    with pytest.raises(NoFederatedContextError, match="async with LocalContext"):
+        get_context()
+    with pytest.raises(NoFederatedContextError, match="no federated context is active"):
+        check_in_federated_context()
+
+
+async def test_the_entered_context_is_current_until_it_is_left() -> None:
+    context = LocalContext()
+    async with context as entered:
+        assert entered is context
+        assert get_context() is context
+        check_in_federated_context()
+    with pytest.raises(NoFederatedContextError):
+        get_context()
+
+
+async def test_nested_contexts_restore_the_outer_one() -> None:
+    async with LocalContext() as outer:
+        async with LocalContext() as inner:
+            assert get_context() is inner
+        assert get_context() is outer
+
+
+async def test_a_context_cannot_be_entered_twice_at_once() -> None:
+    async with LocalContext() as context:
+        with pytest.raises(RuntimeError, match="already entered"):
+            await context.__aenter__()
+
+
+async def test_two_programs_in_one_event_loop_see_their_own_context() -> None:
+    seen: dict[str, list[bool]] = {"a": [], "b": []}
+
+    async def program(name: str) -> None:
+        async with LocalContext() as mine:
+            for _ in range(5):
+                await anyio.sleep(0.001)
+                seen[name].append(get_context() is mine)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(program, "a")
+        group.start_soon(program, "b")
+    assert seen == {"a": [True] * 5, "b": [True] * 5}
+
+
+async def test_results_come_back_in_client_order_not_arrival_order() -> None:
+    def slow_first(broadcast: int, client_id: str, data: int) -> str:
+        time.sleep(0.05 * (4 - data))
+        return f"{client_id}:{data * broadcast}"
+
+    async with LocalContext(max_workers=4) as context:
+        results = await context.map_clients(slow_first, 10, handles(4))
+    assert results == ["c0:0", "c1:10", "c2:20", "c3:30"]
+
+
+async def test_aggregate_consumes_results_in_client_order() -> None:
+    def work(broadcast: None, client_id: str, data: int) -> int:
+        time.sleep(0.01 * ((7 * data) % 5))
+        return data
+
+    async with LocalContext(max_workers=3) as context:
+        order = await context.aggregate_clients(work, None, handles(12), lambda acc, r: [*acc, r], [])
+        total = await context.aggregate_clients(work, None, handles(12), lambda acc, r: acc + r, 0)
+    assert order == list(range(12))
+    assert total == sum(range(12))
+
+
+async def test_client_data_is_loaded_on_the_worker_thread() -> None:
+    loaded_on: list[threading.Thread] = []
+
+    def loader() -> int:
+        loaded_on.append(threading.current_thread())
+        return 1
+
+    async with LocalContext() as context:
+        await context.map_clients(lambda b, cid, d: d, None, [ClientHandle("x", loader)])
+    assert loaded_on and loaded_on[0] is not threading.main_thread()
+
+
+async def test_work_is_bounded_by_max_workers() -> None:
+    lock = threading.Lock()
+    running = peak = 0
+
+    def work(broadcast: None, client_id: str, data: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+        return data
+
+    async with LocalContext(max_workers=2) as context:
+        await context.map_clients(work, None, handles(10))
+    assert peak == 2
+
+
+async def test_a_failing_client_names_the_client_and_keeps_the_error() -> None:
+    def work(broadcast: None, client_id: str, data: int) -> int:
+        if client_id == "c3":
+            raise ZeroDivisionError("bad client data")
+        return data
+
+    async with LocalContext() as context:
+        with pytest.raises(ClientError, match="client 'c3' failed: ZeroDivisionError") as caught:
+            await context.map_clients(work, None, handles(6))
+    assert caught.value.client_ids == ("c3",)
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+    assert caught.value.error is caught.value.__cause__
+
+
+async def test_a_failing_loader_names_the_client() -> None:
+    def broken() -> None:
+        raise FileNotFoundError("client file is gone")
+
+    async with LocalContext() as context:
+        with pytest.raises(ClientError, match="'lost'.*FileNotFoundError"):
+            await context.map_clients(lambda b, c, d: d, None, [ClientHandle("lost", broken)])
+
+
+async def test_groups_of_clients_run_in_one_call() -> None:
+    calls: list[list[str]] = []
+
+    def group_fn(broadcast: int, client_ids: list[str], datas: list[int]) -> list[int]:
+        calls.append(list(client_ids))
+        return [broadcast + d for d in datas]
+
+    async with LocalContext(max_workers=2) as context:
+        results = await context.map_clients(group_fn, 100, handles(7), group_size=3)
+    assert results == [100, 101, 102, 103, 104, 105, 106]
+    assert sorted(calls) == [["c0", "c1", "c2"], ["c3", "c4", "c5"], ["c6"]]
+
+
+async def test_a_group_function_with_the_wrong_number_of_results_fails() -> None:
+    async with LocalContext() as context:
+        with pytest.raises(ClientError, match="returned 1 results for 2 clients"):
+            await context.map_clients(lambda b, ids, ds: [0], None, handles(2), group_size=2)
+        with pytest.raises(ValueError, match="group_size must be a positive int"):
+            await context.map_clients(lambda b, ids, ds: ds, None, handles(2), group_size=0)
+
+
+async def test_no_clients_gives_no_results() -> None:
+    async with LocalContext() as context:
+        assert await context.map_clients(lambda b, c, d: d, None, []) == []
+
+
+async def test_client_work_does_not_block_the_event_loop() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.01)
+            ticks += 1
+
+    async with LocalContext(max_workers=1) as context, anyio.create_task_group() as group:
+        group.start_soon(ticker)
+        await context.map_clients(lambda b, c, d: time.sleep(0.3), None, handles(1))
+        group.cancel_scope.cancel()
+    assert ticks >= 5
+
+
+async def test_run_computes_off_the_event_loop_thread() -> None:
+    async with LocalContext() as context:
+        thread = await context.run(threading.current_thread)
+        assert await context.run(pow, 2, 10) == 1024
+    assert thread is not threading.current_thread()
+
+
+async def test_a_cancelled_call_starts_no_further_clients() -> None:
+    started: list[int] = []
+
+    def work(broadcast: None, client_id: str, data: int) -> int:
+        started.append(data)
+        time.sleep(0.05)
+        return data
+
+    async with LocalContext(max_workers=1) as context:
+        with anyio.move_on_after(0.08):
+            await context.map_clients(work, None, handles(20))
+        count = len(started)
+        await anyio.sleep(0.2)
+    assert count < 20 and len(started) == count
+
+
+async def test_leaving_the_context_cancels_unfinished_background_work() -> None:
+    outcome: list[str] = []
+
+    async def forever() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            outcome.append("cancelled")
+
+    async with LocalContext() as context:
+        context.background.start_soon(forever)
+        await anyio.sleep(0.01)
+    assert outcome == ["cancelled"]
+    with pytest.raises(NoFederatedContextError, match="not entered"):
+        context.background  # noqa: B018
+
+
+async def test_background_failures_do_not_cancel_the_program_and_surface_at_exit() -> None:
+    async def fail() -> None:
+        raise KeyError("evaluation 3")
+
+    progress = []
+    with pytest.raises(KeyError, match="evaluation 3"):
+        async with LocalContext() as context:
+            context.background.start_soon(fail)
+            await anyio.sleep(0.01)
+            progress.append("still running")
+    assert progress == ["still running"]
+
+
+async def test_invalid_max_workers_is_rejected() -> None:
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="max_workers must be a positive int"):
+            LocalContext(max_workers=bad)  # type: ignore[arg-type]
+
+
+async def test_map_clients_outside_the_entered_context_is_an_error() -> None:
+    source = InMemoryDataSource({"a": 1})
+    with pytest.raises(RuntimeError, match="not entered"):
+        await LocalContext().map_clients(lambda b, c, d: d, None, source.iterator(0).select(1, 1))
