@@ -59,12 +59,14 @@ def flatten(structure: Any) -> list[tuple[str, Any]]:
     Raises:
         TypeError: a dict key is not a ``str`` (the message names the path).
     """
-    return list(_walk(structure, ""))
+    found: list[tuple[str, Any]] = []
+    _walk(structure, "", found)
+    return found
 
 
 def leaves(structure: Any) -> list[Any]:
     """The leaves of ``structure`` in the order :func:`flatten` gives."""
-    return [leaf for _, leaf in _walk(structure, "")]
+    return [leaf for _, leaf in flatten(structure)]
 
 
 def unflatten(template: Any, new_leaves: Iterable[Any]) -> Any:
@@ -98,7 +100,7 @@ def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
 
 def map_with_paths(fn: Callable[[str, Any], Any], structure: Any) -> Any:
     """``structure`` with every leaf replaced by ``fn(path, leaf)``."""
-    return unflatten(structure, [fn(path, leaf) for path, leaf in _walk(structure, "")])
+    return unflatten(structure, [fn(path, leaf) for path, leaf in flatten(structure)])
 
 
 _MISSING = object()
@@ -126,12 +128,12 @@ def _children(container: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield field.name, getattr(container, field.name)
 
 
-def _walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+def _walk(node: Any, path: str, found: list[tuple[str, Any]]) -> None:
     if not is_container(node):
-        yield path, node
+        found.append((path, node))
         return
     for key, child in _children(node, path):
-        yield from _walk(child, join_path(path, key))
+        _walk(child, join_path(path, key), found)
 
 
 def _rebuild(template: Any, iterator: Iterator[Any]) -> Any:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from managers._taskgroups import task_group
-from managers.structure import leaves, unflatten
+from managers.structure import is_container, leaves, unflatten
 
 __all__ = ["ValueReference", "is_value_reference", "materialize"]
 
@@ -52,10 +54,10 @@ async def materialize(structure: Any) -> Any:
     and cancels the others. A structure without references is returned as it is,
     without a copy.
     """
+    if not _holds_reference(structure):
+        return structure
     flat = leaves(structure)
     positions = [i for i, leaf in enumerate(flat) if is_value_reference(leaf)]
-    if not positions:
-        return structure
     resolved = list(flat)
 
     async def resolve(position: int) -> None:
@@ -68,3 +70,24 @@ async def materialize(structure: Any) -> Any:
             for position in positions:
                 group.start_soon(resolve, position)
     return unflatten(structure, resolved)
+
+
+def _holds_reference(structure: Any) -> bool:
+    stack = [structure]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind in _PLAIN_LEAVES:
+            continue
+        if kind is dict:
+            stack.extend(node.values())
+        elif kind is list or kind is tuple:
+            stack.extend(node)
+        elif is_container(node):
+            stack.extend(leaves(node))
+        elif is_value_reference(node):
+            return True
+    return False
+
+
+_PLAIN_LEAVES = frozenset({int, float, bool, str, bytes, complex, type(None), np.ndarray})

@@ -14,10 +14,9 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
-
-import numpy as np
 
 __all__ = [
     "ClientHandle",
@@ -115,63 +114,71 @@ class FederatedDataSource(Protocol):
 
 
 class ClientSampler:
-    """Samples clients by id; what :meth:`InMemoryDataSource.iterator` returns.
+    """Samples clients from a fixed list of handles (what ``InMemoryDataSource.iterator`` gives).
 
-    ``make_handle(client_id)`` builds the handle of a selected client. Ids are sorted
-    once, so the selection depends on the set of ids, not on the order they came in.
-    The random generator of round ``r`` is NumPy's PCG64 seeded with ``[seed, r]``
-    (``[seed]`` for a fixed cohort).
+    Handles are sorted by client id once, so the selection depends on the set of ids,
+    not on the order they came in. The random words of round ``r`` are the SHAKE-256
+    output of ``"{seed}/{r}"`` (``"{seed}/fixed"`` for a fixed cohort): a standard
+    that no library upgrade changes, so a resumed run selects what the first run
+    selected even on another NumPy or Python. Distinct clients are drawn by a partial
+    Fisher-Yates shuffle (words reduced modulo the remaining count; the bias is below
+    ``count / 2**64``), so the first ``k`` of a fixed cohort are the same for every
+    larger ``k``.
     """
 
     def __init__(
         self,
-        client_ids: Sequence[str],
-        make_handle: Callable[[str], ClientHandle],
+        handles: Sequence[ClientHandle],
         seed: int,
         sampling: Sampling | str = Sampling.UNIFORM,
     ) -> None:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-        self._ids = sorted(client_ids)
-        if not self._ids:
+        self._handles = sorted(handles)
+        if not self._handles:
             raise ValueError("a data source needs at least one client")
-        self._make_handle = make_handle
         self._seed = seed
         self._sampling = Sampling(sampling)
-        self._fixed_order: list[int] | None = None
 
     def select(self, k: int, round_num: int) -> list[ClientHandle]:
         if not isinstance(k, int) or isinstance(k, bool):
             raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
         if k <= 0:
             raise ValueError(f"k must be at least 1 client per round, got {k}")
-        if k > len(self._ids) and self._sampling is not Sampling.WITH_REPLACEMENT:
+        count = len(self._handles)
+        if k > count and self._sampling is not Sampling.WITH_REPLACEMENT:
             raise ValueError(
-                f"cannot select {k} distinct clients from {len(self._ids)} clients; "
+                f"cannot select {k} distinct clients from {count} clients; "
                 f"lower k or sample with replacement"
             )
         if not isinstance(round_num, int) or isinstance(round_num, bool) or round_num < 0:
             raise ValueError(f"round_num must be an int >= 0, got {round_num!r}")
-        count = len(self._ids)
-        if self._sampling is Sampling.FIXED:
-            if self._fixed_order is None:
-                rng = np.random.default_rng([self._seed])
-                self._fixed_order = rng.permutation(count).tolist()
-            indices = self._fixed_order[:k]
-        else:
-            rng = np.random.default_rng([self._seed, round_num])
-            replace = self._sampling is Sampling.WITH_REPLACEMENT
-            indices = rng.choice(count, size=k, replace=replace).tolist()
-        return [self._make_handle(self._ids[index]) for index in indices]
+        stream = "fixed" if self._sampling is Sampling.FIXED else str(round_num)
+        words = _random_words(f"{self._seed}/{stream}", k)
+        handles = self._handles
+        if self._sampling is Sampling.WITH_REPLACEMENT:
+            return [handles[word % count] for word in words]
+        swapped: dict[int, int] = {}
+        chosen = []
+        for position, word in enumerate(words):
+            pick = position + word % (count - position)
+            chosen.append(handles[swapped.get(pick, pick)])
+            swapped[pick] = swapped.get(position, position)
+        return chosen
 
     def describe(self) -> dict[str, Any]:
-        digest = hashlib.sha256("\n".join(self._ids).encode()).hexdigest()
+        ids = "\n".join(handle.client_id for handle in self._handles)
         return {
             "seed": self._seed,
             "sampling": str(self._sampling),
-            "num_clients": len(self._ids),
-            "client_ids_sha256": digest,
+            "num_clients": len(self._handles),
+            "client_ids_sha256": hashlib.sha256(ids.encode()).hexdigest(),
         }
+
+
+def _random_words(key: str, count: int) -> tuple[int, ...]:
+    """``count`` uniformly random 64-bit words determined by ``key``."""
+    return struct.unpack(f"<{count}Q", hashlib.shake_256(key.encode()).digest(8 * count))
 
 
 class InMemoryDataSource:
@@ -185,28 +192,33 @@ class InMemoryDataSource:
 
     def __init__(self, clients: Mapping[str, Any], *, sampling: Sampling | str = Sampling.UNIFORM):
         if not isinstance(clients, Mapping):
-            raise TypeError(f"clients must be a mapping of client id to data, got {type(clients).__name__}")
+            raise TypeError(
+                f"clients must be a mapping of client id to data, got {type(clients).__name__}"
+            )
         if not clients:
             raise ValueError("clients must hold at least one client")
         for client_id in clients:
             if not isinstance(client_id, str):
-                raise TypeError(f"client ids must be str, got {type(client_id).__name__} {client_id!r}")
+                raise TypeError(
+                    f"client ids must be str, got {type(client_id).__name__} {client_id!r}"
+                )
         try:
             self._sampling = Sampling(sampling)
         except ValueError:
             choices = ", ".join(repr(str(mode)) for mode in Sampling)
             raise ValueError(f"sampling must be one of {choices}, got {sampling!r}") from None
         self._clients = dict(clients)
+        self._handles = [
+            ClientHandle(client_id, functools.partial(_lookup, self._clients, client_id))
+            for client_id in self._clients
+        ]
 
     @property
     def client_ids(self) -> list[str]:
         return list(self._clients)
 
     def iterator(self, seed: int) -> ClientSampler:
-        return ClientSampler(self.client_ids, self._handle, seed, self._sampling)
-
-    def _handle(self, client_id: str) -> ClientHandle:
-        return ClientHandle(client_id, functools.partial(_lookup, self._clients, client_id))
+        return ClientSampler(self._handles, seed, self._sampling)
 
 
 def _lookup(clients: Mapping[str, Any], client_id: str) -> Any:

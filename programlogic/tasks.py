@@ -55,17 +55,25 @@ class TaskTracker:
         """How many tracked tasks have not finished."""
         return self._running
 
-    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+    def start_soon(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None
+    ) -> None:
         """Run ``fn(*args)`` in the background; a failure is kept for :meth:`wait`."""
-        self._require_group().start_soon(self._run, fn, args, None, name=name)
+        group = self._require_group()
+        self._enter()
+        group.start_soon(self._run, fn, args, None, name=name)
 
-    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> Any:
+    async def start(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None
+    ) -> Any:
         """Run ``fn(*args, task_status=...)`` and return once it calls ``task_status.started()``.
 
         What ``fn`` passes to ``started`` is returned. A failure before ``started`` is
         raised here; a failure after it is kept for :meth:`wait`.
         """
-        return await self._require_group().start(self._run_started, fn, args, name=name)
+        group = self._require_group()
+        self._enter()
+        return await group.start(self._run_started, fn, args, name=name)
 
     async def wait(self) -> None:
         """Wait until no task runs, then raise the failures kept so far (and forget them)."""
@@ -108,6 +116,11 @@ class TaskTracker:
             self.raise_failures()
         return suppressed
 
+    def _enter(self) -> None:
+        if self._running == 0:
+            self._idle = anyio.Event()
+        self._running += 1
+
     def _require_group(self) -> TaskGroup:
         if self._group is None:
             raise RuntimeError("the TaskTracker is not open: use it as `async with TaskTracker():`")
@@ -119,9 +132,6 @@ class TaskTracker:
         args: tuple[Any, ...],
         status: TaskStatus[Any] | None,
     ) -> None:
-        if self._running == 0:
-            self._idle = anyio.Event()
-        self._running += 1
         flag = None if status is None else _StartedFlag(status)
         try:
             if flag is None:

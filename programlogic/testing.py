@@ -98,7 +98,9 @@ class FakeLearningProcess:
     async def initialize(self) -> dict[str, Any]:
         return {"weights": np.zeros(self.dim), "rounds": 0}
 
-    async def next(self, state: dict[str, Any], clients: Sequence[ClientHandle]) -> LearningProcessOutput:
+    async def next(
+        self, state: dict[str, Any], clients: Sequence[ClientHandle]
+    ) -> LearningProcessOutput:
         weights = state["weights"]
         results = await get_context().map_clients(_client_mean, self.dim, clients)
         counts = np.array([count for _, count in results], dtype=np.float64)
@@ -180,7 +182,9 @@ class CrashingStateManager(ProgramStateManager):
         self.inner = inner
         self.crash_on_version = crash_on_version
         self.after_save = after_save
-        self.error = error or SimulatedCrash(f"simulated crash at the save of version {crash_on_version}")
+        self.error = error or SimulatedCrash(
+            f"simulated crash at the save of version {crash_on_version}"
+        )
         self.crashed = False
 
     async def save(self, state: Any, version: int) -> None:

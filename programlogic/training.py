@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
@@ -188,22 +189,24 @@ async def train_model(
             await program.release_round(checkpoint)
         last_evaluation = checkpoint["evaluation"]["last_time"]
 
+        # The persister saves and releases one round while the loop computes the next;
+        # an unbuffered stream holds the loop back until the previous round is taken.
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
         persisted = anyio.Event()
-        persisted.set()
-        for round_num in range(first_round, train_total_rounds + 1):
-            clients = iterator.select(train_per_round_clients, round_num)
-            output = await _call(context, train_process.next, state, clients)
-            if not (hasattr(output, "state") and hasattr(output, "metrics")):
-                raise TypeError(
-                    "train_process.next must return a LearningProcessOutput(state, metrics), "
-                    f"got {type(output).__name__}"
-                )
-            state = output.state
-            checkpoint = program.checkpoint(state, round_num, output.metrics, last_evaluation)
-            last_evaluation = checkpoint["evaluation"]["last_time"]
-            await persisted.wait()
-            persisted = anyio.Event()
-            group.start_soon(program.persist, checkpoint, persisted, name=f"persist round {round_num}")
+        group.start_soon(program.persist_each, receive, persisted, name="persist rounds")
+        async with send:
+            for round_num in range(first_round, train_total_rounds + 1):
+                clients = iterator.select(train_per_round_clients, round_num)
+                output = await _call(context, train_process.next, state, clients)
+                if not (hasattr(output, "state") and hasattr(output, "metrics")):
+                    raise TypeError(
+                        "train_process.next must return a LearningProcessOutput(state, "
+                        f"metrics), got {type(output).__name__}"
+                    )
+                state = output.state
+                checkpoint = program.checkpoint(state, round_num, output.metrics, last_evaluation)
+                last_evaluation = checkpoint["evaluation"]["last_time"]
+                await send.send(checkpoint)
         await persisted.wait()
 
         weights = await _call(context, train_process.get_model_weights, state)
@@ -211,7 +214,9 @@ async def train_model(
 
     if evaluation_manager is not None:
         await evaluation_manager.wait_for_evaluations_to_finish()
-    reason = StopReason.ALREADY_COMPLETED if first_round > train_total_rounds else StopReason.COMPLETED
+    reason = (
+        StopReason.ALREADY_COMPLETED if first_round > train_total_rounds else StopReason.COMPLETED
+    )
     return TrainingResult(
         state=state,
         round_num=train_total_rounds,
@@ -260,13 +265,20 @@ class _Program:
             **self.config,
         }
 
-    async def persist(self, checkpoint: dict[str, Any], done: anyio.Event | None = None) -> None:
+    async def persist(self, checkpoint: dict[str, Any]) -> None:
         """Save ``checkpoint``, then make its releases."""
         checkpoint = await materialize(checkpoint)
         await self.state_manager.save(checkpoint, checkpoint["round"])
         await self.release_round(checkpoint)
-        if done is not None:
-            done.set()
+
+    async def persist_each(
+        self, checkpoints: MemoryObjectReceiveStream[dict[str, Any]], done: anyio.Event
+    ) -> None:
+        """Persist the checkpoints in the order they arrive; set ``done`` after the last."""
+        async with checkpoints:
+            async for checkpoint in checkpoints:
+                await self.persist(checkpoint)
+        done.set()
 
     async def release_round(self, checkpoint: dict[str, Any]) -> None:
         """Release a saved round's metrics and start its evaluation if it was due."""
@@ -275,8 +287,12 @@ class _Program:
             await self.metrics_manager.release(checkpoint["metrics"], round_num)
         evaluation = checkpoint["evaluation"]
         if evaluation["due"] and self.evaluation_manager is not None:
-            weights = await _call(self.context, self.process.get_model_weights, checkpoint["train_state"])
-            await self.evaluation_manager.start_evaluation(round_num, evaluation["last_time"], weights)
+            weights = await _call(
+                self.context, self.process.get_model_weights, checkpoint["train_state"]
+            )
+            await self.evaluation_manager.start_evaluation(
+                round_num, evaluation["last_time"], weights
+            )
 
     def check_resumable(self, loaded: Any, loaded_round: int) -> None:
         """Raise ResumeError when ``loaded`` was written by another configuration."""
@@ -295,7 +311,11 @@ class _Program:
             f"{name}={saved!r} (this run: {current!r})"
             for name, saved, current in [
                 ("seed", saved_sampler["seed"], sampler["seed"]),
-                ("train_per_round_clients", loaded["per_round_clients"], self.config["per_round_clients"]),
+                (
+                    "train_per_round_clients",
+                    loaded["per_round_clients"],
+                    self.config["per_round_clients"],
+                ),
                 ("sampling", saved_sampler["sampling"], sampler["sampling"]),
                 ("number of clients", saved_sampler["num_clients"], sampler["num_clients"]),
             ]
@@ -356,7 +376,8 @@ def _check_arguments(**arguments: Any) -> int | datetime.timedelta:
     state_manager = arguments["program_state_manager"]
     if not all(callable(getattr(state_manager, m, None)) for m in ("save", "load_latest")):
         raise TypeError(
-            f"program_state_manager must be a ProgramStateManager, got {type(state_manager).__name__}"
+            "program_state_manager must be a ProgramStateManager, got "
+            f"{type(state_manager).__name__}"
         )
     for name, optional in (
         ("model_output_manager", False),
@@ -368,7 +389,9 @@ def _check_arguments(**arguments: Any) -> int | datetime.timedelta:
         ):
             raise TypeError(f"{name} must be a ReleaseManager, got {type(manager).__name__}")
     evaluation_manager = arguments["evaluation_manager"]
-    if evaluation_manager is not None and not isinstance(evaluation_manager, EvaluationManagerProtocol):
+    if evaluation_manager is not None and not isinstance(
+        evaluation_manager, EvaluationManagerProtocol
+    ):
         raise TypeError(
             "evaluation_manager must have resume_from_previous_state, start_evaluation and "
             f"wait_for_evaluations_to_finish, got {type(evaluation_manager).__name__}"

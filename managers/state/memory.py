@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
+
 from managers.exceptions import VersionNotFoundError
 from managers.state.base import ProgramStateManager, check_version
 from managers.structure import leaves, unflatten
@@ -35,7 +37,7 @@ class MemoryProgramStateManager(ProgramStateManager):
     async def save(self, state: Any, version: int) -> None:
         newest = next(reversed(self._versions), None)
         check_version(version, newest=newest, exists=version in self._versions)
-        self._versions[version] = copy.deepcopy(state)
+        self._versions[version] = _snapshot(state)
         if self._keep_total is not None:
             while len(self._versions) > self._keep_total:
                 del self._versions[next(iter(self._versions))]
@@ -45,10 +47,9 @@ class MemoryProgramStateManager(ProgramStateManager):
             state = self._versions[version]
         except (KeyError, TypeError):
             raise VersionNotFoundError(
-                f"no program state is saved as version {version!r}; saved: "
-                f"{sorted(self._versions)}"
+                f"no program state is saved as version {version!r}; saved: {sorted(self._versions)}"
             ) from None
-        loaded = copy.deepcopy(state)
+        loaded = _snapshot(state)
         if structure is None:
             return loaded
         return _reshape(structure, loaded)
@@ -63,6 +64,22 @@ class MemoryProgramStateManager(ProgramStateManager):
 
     async def remove_all(self) -> None:
         self._versions.clear()
+
+
+def _snapshot(value: Any) -> Any:
+    """A deep copy; plain containers and arrays are copied directly, which is faster."""
+    if isinstance(value, dict) and type(value) is dict:
+        return {key: _snapshot(child) for key, child in value.items()}
+    if type(value) is list:
+        return [_snapshot(child) for child in value]
+    if type(value) in _IMMUTABLE:
+        return value
+    if type(value) is np.ndarray and not value.dtype.hasobject:
+        return value.copy()
+    return copy.deepcopy(value)
+
+
+_IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
 
 
 def _reshape(template: Any, value: Any) -> Any:

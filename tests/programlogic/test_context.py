@@ -18,7 +18,9 @@ pytestmark = pytest.mark.anyio
 
 
 def handles(count: int, data=None) -> list[ClientHandle]:
-    return [ClientHandle(f"c{i}", (lambda i=i: i if data is None else data[i])) for i in range(count)]
+    return [
+        ClientHandle(f"c{i}", (lambda i=i: i if data is None else data[i])) for i in range(count)
+    ]
 
 
 async def test_outside_a_context_there_is_a_clear_error() -> None:
@@ -82,7 +84,9 @@ async def test_aggregate_consumes_results_in_client_order() -> None:
         return data
 
     async with LocalContext(max_workers=3) as context:
-        order = await context.aggregate_clients(work, None, handles(12), lambda acc, r: [*acc, r], [])
+        order = await context.aggregate_clients(
+            work, None, handles(12), lambda acc, r: [*acc, r], []
+        )
         total = await context.aggregate_clients(work, None, handles(12), lambda acc, r: acc + r, 0)
     assert order == list(range(12))
     assert total == sum(range(12))
@@ -138,7 +142,7 @@ async def test_a_failing_loader_names_the_client() -> None:
         raise FileNotFoundError("client file is gone")
 
     async with LocalContext() as context:
-        with pytest.raises(ClientError, match="'lost'.*FileNotFoundError"):
+        with pytest.raises(ClientError, match=r"'lost'.*FileNotFoundError"):
             await context.map_clients(lambda b, c, d: d, None, [ClientHandle("lost", broken)])
 
 

@@ -42,7 +42,9 @@ class RecordingEvaluationManager:
     async def resume_from_previous_state(self) -> None:
         self.resumed += 1
 
-    async def start_evaluation(self, train_round: int, start_timestamp: int, model_weights: Any) -> None:
+    async def start_evaluation(
+        self, train_round: int, start_timestamp: int, model_weights: Any
+    ) -> None:
         self.started.setdefault(train_round, (start_timestamp, np.array(model_weights)))
 
     async def wait_for_evaluations_to_finish(self) -> None:
@@ -93,8 +95,8 @@ async def uninterrupted() -> Run:
 def assert_same_outcome(run: Run, reference: Run) -> None:
     assert list(run.metrics.values()) == list(reference.metrics.values())
     assert run.metrics.values() == reference.metrics.values()
-    (key, weights), = run.models.values().items()
-    (reference_key, reference_weights), = reference.models.values().items()
+    ((key, weights),) = run.models.values().items()
+    ((reference_key, reference_weights),) = reference.models.values().items()
     assert key == reference_key == final_model_key(ROUNDS)
     np.testing.assert_array_equal(weights, reference_weights)
 
@@ -166,7 +168,9 @@ async def test_a_failing_release_fails_train_model_with_that_exception() -> None
 async def test_a_failing_final_model_release_fails_train_model() -> None:
     error = PermissionError("model store is read-only")
     with pytest.raises(PermissionError) as caught:
-        await Run().train(model_output_manager=FailingReleaseManager(error, final_model_key(ROUNDS)))
+        await Run().train(
+            model_output_manager=FailingReleaseManager(error, final_model_key(ROUNDS))
+        )
     assert caught.value is error
 
 
@@ -224,7 +228,11 @@ async def test_rerunning_a_finished_run_trains_nothing_and_releases_the_final_mo
         ({"train_per_round_clients": 4}, "train_per_round_clients=3 (this run: 4)"),
         ({"train_data_source": FakeDataSource(11)}, "number of clients=10 (this run: 11)"),
         (
-            {"train_data_source": InMemoryDataSource({f"other_{i}": np.ones((2, 2)) for i in range(10)})},
+            {
+                "train_data_source": InMemoryDataSource(
+                    {f"other_{i}": np.ones((2, 2)) for i in range(10)}
+                )
+            },
             "another set of client ids",
         ),
         ({"train_data_source": FakeDataSource(10, sampling="fixed")}, "sampling='uniform'"),
@@ -271,11 +279,19 @@ BAD_ARGUMENTS = [
     ({"seed": -1}, ValueError, "seed must be >= 0"),
     ({"program_state_manager": MemoryReleaseManager()}, TypeError, "program_state_manager must be"),
     ({"model_output_manager": None}, TypeError, "model_output_manager must be a ReleaseManager"),
-    ({"train_metrics_manager": object()}, TypeError, "train_metrics_manager must be a ReleaseManager"),
+    (
+        {"train_metrics_manager": object()},
+        TypeError,
+        "train_metrics_manager must be a ReleaseManager",
+    ),
     ({"evaluation_manager": object()}, TypeError, "evaluation_manager must have"),
     ({"evaluation_periodicity": 0}, ValueError, "evaluation_periodicity must be >= 1"),
     ({"evaluation_periodicity": -3}, ValueError, "evaluation_periodicity must be >= 1"),
-    ({"evaluation_periodicity": datetime.timedelta(0)}, ValueError, "evaluation_periodicity must be positive"),
+    (
+        {"evaluation_periodicity": datetime.timedelta(0)},
+        ValueError,
+        "evaluation_periodicity must be positive",
+    ),
     ({"evaluation_periodicity": datetime.timedelta(seconds=-1)}, ValueError, "must be positive"),
     ({"evaluation_periodicity": 1.5}, TypeError, "evaluation_periodicity must be an int"),
     ({"clock": object()}, TypeError, "clock must have a now"),
@@ -306,7 +322,9 @@ async def test_bad_arguments_are_rejected_before_anything_starts(
 
 async def test_evaluations_start_every_n_rounds_and_on_the_last_round() -> None:
     evaluations = RecordingEvaluationManager()
-    await Run().train(evaluation_manager=evaluations, evaluation_periodicity=4, train_total_rounds=9)
+    await Run().train(
+        evaluation_manager=evaluations, evaluation_periodicity=4, train_total_rounds=9
+    )
     assert sorted(evaluations.started) == [0, 4, 8, 9]
     assert evaluations.resumed == 1 and evaluations.waited == 1
 
@@ -371,7 +389,9 @@ async def test_a_synchronous_process_runs_off_the_event_loop() -> None:
         def next(self, state, clients):
             threads.add(threading.current_thread())
             total = state["total"] + sum(int(c.load()[0, 0]) for c in clients)
-            return LearningProcessOutput({"total": total}, {"client_work": {"train": {"total": total}}})
+            return LearningProcessOutput(
+                {"total": total}, {"client_work": {"train": {"total": total}}}
+            )
 
         def get_model_weights(self, state):
             return state["total"]
@@ -453,7 +473,9 @@ async def test_at_most_one_save_is_in_flight_and_releases_follow_their_save() ->
     assert log.index("saved 0") < log.index("saved 1")
 
 
-async def test_a_cancelled_run_leaves_a_loadable_checkpoint_and_resumes_to_the_same_result() -> None:
+async def test_a_cancelled_run_leaves_a_loadable_checkpoint_and_resumes_to_the_same_result() -> (
+    None
+):
     reference = await uninterrupted()
 
     class Slow(FakeLearningProcess):

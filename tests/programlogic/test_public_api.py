@@ -1,0 +1,57 @@
+import inspect
+
+import pytest
+
+import managers
+import programlogic
+import programlogic.testing
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("module", [programlogic, managers, programlogic.testing])
+def test_all_is_sorted_and_every_name_resolves(module) -> None:
+    assert module.__all__ == sorted(module.__all__)
+    for name in module.__all__:
+        assert getattr(module, name) is not None
+
+
+def test_the_top_level_exports_what_users_need() -> None:
+    needed = {
+        "FederatedContext",
+        "LocalContext",
+        "get_context",
+        "check_in_federated_context",
+        "LearningProcess",
+        "LearningProcessOutput",
+        "FederatedDataSource",
+        "InMemoryDataSource",
+        "ClientHandle",
+        "train_model",
+    }
+    assert needed <= set(programlogic.__all__)
+
+
+def test_every_public_class_and_function_of_the_package_is_exported() -> None:
+    modules = [
+        programlogic.clock,
+        programlogic.context,
+        programlogic.contexts.local,
+        programlogic.data,
+        programlogic.exceptions,
+        programlogic.process,
+        programlogic.training,
+    ]
+    for module in modules:
+        for name in module.__all__:
+            assert name in programlogic.__all__ or not (
+                inspect.isclass(getattr(module, name)) or inspect.isfunction(getattr(module, name))
+            ), f"{module.__name__}.{name} is not exported by programlogic"
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for module in (programlogic, managers, programlogic.testing):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isclass(value) or inspect.isfunction(value):
+                assert inspect.getdoc(value), f"{module.__name__}.{name} has no docstring"

@@ -1,0 +1,148 @@
+import anyio
+import pytest
+
+from programlogic.tasks import TaskTracker, task_group
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_lone_failure_in_a_task_group_is_raised_as_itself() -> None:
+    error = ValueError("save failed")
+
+    async def fail() -> None:
+        raise error
+
+    with pytest.raises(ValueError) as caught:
+        async with task_group() as group:
+            group.start_soon(fail)
+            group.start_soon(anyio.sleep_forever)
+    assert caught.value is error
+
+
+async def test_several_failures_in_a_task_group_surface_together() -> None:
+    async def fail(error: Exception) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.01)
+        raise error
+
+    with pytest.raises(ExceptionGroup) as caught:
+        async with task_group() as group:
+            group.start_soon(fail, KeyError("a"))
+            group.start_soon(fail, IndexError("b"))
+            await anyio.sleep(0.05)
+    kinds = sorted(type(e).__name__ for e in caught.value.exceptions)
+    assert kinds == ["IndexError", "KeyError"]
+
+
+async def test_an_unwrapped_failure_keeps_its_own_cause() -> None:
+    async def fail() -> None:
+        try:
+            raise OSError("disk")
+        except OSError as cause:
+            raise RuntimeError("checkpoint failed") from cause
+
+    with pytest.raises(RuntimeError) as caught:
+        async with task_group() as group:
+            group.start_soon(fail)
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_a_cancelled_task_group_stays_cancelled() -> None:
+    finished = []
+    with anyio.move_on_after(0.01) as scope:
+        async with task_group() as group:
+            group.start_soon(anyio.sleep_forever)
+        finished.append(True)
+    assert scope.cancelled_caught and not finished
+
+
+async def test_tracked_failures_wait_for_their_owner() -> None:
+    done = []
+
+    async def fail() -> None:
+        raise KeyError("eval")
+
+    async def succeed() -> None:
+        await anyio.sleep(0.02)
+        done.append("other task finished")
+
+    async with TaskTracker() as tracker:
+        tracker.start_soon(fail)
+        tracker.start_soon(succeed)
+        assert tracker.running == 2
+        with pytest.raises(KeyError, match="eval"):
+            await tracker.wait()
+        assert done == ["other task finished"] and tracker.running == 0
+        await tracker.wait()  # the failure was handed over once
+
+
+async def test_several_tracked_failures_are_an_exception_group() -> None:
+    async def fail(error: Exception) -> None:
+        raise error
+
+    async with TaskTracker() as tracker:
+        tracker.start_soon(fail, KeyError("a"))
+        tracker.start_soon(fail, ValueError("b"))
+        with pytest.raises(ExceptionGroup, match="2 background tasks failed"):
+            await tracker.wait()
+
+
+async def test_start_returns_once_the_task_is_ready() -> None:
+    steps = []
+
+    async def evaluation(*, task_status) -> None:
+        steps.append("bookkeeping saved")
+        task_status.started("ready")
+        await anyio.sleep(0.01)
+        steps.append("evaluated")
+
+    async with TaskTracker() as tracker:
+        assert await tracker.start(evaluation) == "ready"
+        assert steps == ["bookkeeping saved"]
+        await tracker.wait()
+    assert steps == ["bookkeeping saved", "evaluated"]
+
+
+async def test_a_failure_before_started_is_raised_to_the_caller() -> None:
+    async def broken(*, task_status) -> None:
+        raise OSError("could not persist")
+
+    async with TaskTracker() as tracker:
+        with pytest.raises(OSError, match="could not persist"):
+            await tracker.start(broken)
+        await tracker.wait()
+
+
+async def test_closing_cancels_running_tasks_and_raises_uncollected_failures() -> None:
+    cancelled = []
+
+    async def forever() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.append(True)
+
+    async def fail() -> None:
+        raise LookupError("never collected")
+
+    with pytest.raises(LookupError, match="never collected"):
+        async with TaskTracker() as tracker:
+            tracker.start_soon(forever)
+            tracker.start_soon(fail)
+            await anyio.sleep(0.01)
+    assert cancelled == [True]
+
+
+async def test_the_block_exception_propagates_unchanged_through_the_tracker() -> None:
+    error = ZeroDivisionError("in the body")
+    with pytest.raises(ZeroDivisionError) as caught:
+        async with TaskTracker() as tracker:
+            tracker.start_soon(anyio.sleep_forever)
+            raise error
+    assert caught.value is error
+
+
+async def test_a_closed_tracker_refuses_new_tasks() -> None:
+    tracker = TaskTracker()
+    with pytest.raises(RuntimeError, match="not open"):
+        tracker.start_soon(anyio.sleep, 0)
