@@ -16,7 +16,7 @@ def ids(handles: list[ClientHandle]) -> list[str]:
     return [handle.client_id for handle in handles]
 
 
-def test_selection_is_a_pure_function_of_seed_and_round() -> None:
+async def test_selection_is_a_pure_function_of_seed_and_round() -> None:
     first = make_source().iterator(seed=7)
     second = make_source().iterator(seed=7)
     forward = [ids(first.select(3, r)) for r in range(1, 6)]
@@ -24,42 +24,42 @@ def test_selection_is_a_pure_function_of_seed_and_round() -> None:
     assert forward == list(reversed(backward))
 
 
-def test_selection_changes_with_round_and_seed() -> None:
+async def test_selection_changes_with_round_and_seed() -> None:
     source = make_source(50)
     by_round = {tuple(ids(source.iterator(0).select(5, r))) for r in range(1, 11)}
     by_seed = {tuple(ids(source.iterator(s).select(5, 1))) for s in range(10)}
     assert len(by_round) > 1 and len(by_seed) > 1
 
 
-def test_uniform_sampling_picks_distinct_clients() -> None:
+async def test_uniform_sampling_picks_distinct_clients() -> None:
     iterator = make_source(10).iterator(3)
     for round_num in range(1, 50):
         chosen = ids(iterator.select(10, round_num))
         assert sorted(chosen) == sorted(f"c{i}" for i in range(10))
 
 
-def test_sampling_with_replacement_may_repeat_and_exceed_the_client_count() -> None:
+async def test_sampling_with_replacement_may_repeat_and_exceed_the_client_count() -> None:
     iterator = make_source(3, Sampling.WITH_REPLACEMENT).iterator(0)
     chosen = ids(iterator.select(30, 1))
     assert len(chosen) == 30
     assert len(set(chosen)) <= 3
 
 
-def test_fixed_cohort_is_the_same_every_round() -> None:
+async def test_fixed_cohort_is_the_same_every_round() -> None:
     iterator = make_source(20, "fixed").iterator(5)
     cohorts = {tuple(ids(iterator.select(4, r))) for r in range(1, 20)}
     assert len(cohorts) == 1
     assert len(set(next(iter(cohorts)))) == 4
 
 
-def test_selection_does_not_depend_on_the_order_of_the_mapping() -> None:
+async def test_selection_does_not_depend_on_the_order_of_the_mapping() -> None:
     forward = InMemoryDataSource({f"c{i}": i for i in range(8)})
     backward = InMemoryDataSource({f"c{i}": i for i in reversed(range(8))})
     assert ids(forward.iterator(1).select(3, 4)) == ids(backward.iterator(1).select(3, 4))
     assert forward.iterator(1).describe() == backward.iterator(1).describe()
 
 
-def test_describe_tells_seed_sampling_and_clients_apart() -> None:
+async def test_describe_tells_seed_sampling_and_clients_apart() -> None:
     base = make_source(5).iterator(0).describe()
     assert make_source(5).iterator(1).describe() != base
     assert make_source(5, "fixed").iterator(0).describe() != base
@@ -67,19 +67,19 @@ def test_describe_tells_seed_sampling_and_clients_apart() -> None:
 
 
 @pytest.mark.parametrize("k", [0, -1])
-def test_non_positive_k_is_a_value_error(k: int) -> None:
+async def test_non_positive_k_is_a_value_error(k: int) -> None:
     with pytest.raises(ValueError, match="at least 1 client"):
         make_source().iterator(0).select(k, 1)
 
 
-def test_more_clients_than_exist_without_replacement_is_a_value_error() -> None:
+async def test_more_clients_than_exist_without_replacement_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="cannot select 11 distinct clients from 10"):
         make_source(10).iterator(0).select(11, 1)
     with pytest.raises(ValueError, match="cannot select 11 distinct clients from 10"):
         make_source(10, "fixed").iterator(0).select(11, 1)
 
 
-def test_bad_k_type_round_and_seed_are_rejected() -> None:
+async def test_bad_k_type_round_and_seed_are_rejected() -> None:
     iterator = make_source().iterator(0)
     with pytest.raises(TypeError, match="k must be an int"):
         iterator.select(2.0, 1)  # type: ignore[arg-type]
@@ -89,7 +89,7 @@ def test_bad_k_type_round_and_seed_are_rejected() -> None:
         make_source().iterator(-3)
 
 
-def test_bad_data_sources_are_rejected() -> None:
+async def test_bad_data_sources_are_rejected() -> None:
     with pytest.raises(ValueError, match="at least one client"):
         InMemoryDataSource({})
     with pytest.raises(TypeError, match="client ids must be str"):
@@ -100,7 +100,7 @@ def test_bad_data_sources_are_rejected() -> None:
         InMemoryDataSource({"a": 1}, sampling="round_robin")
 
 
-def test_handles_load_their_client_data_and_compare_by_id() -> None:
+async def test_handles_load_their_client_data_and_compare_by_id() -> None:
     source = InMemoryDataSource({"alice": [1, 2], "bob": [3]})
     handles = {h.client_id: h for h in source.iterator(0).select(2, 1)}
     assert handles["alice"].load() == [1, 2]
@@ -113,20 +113,20 @@ def test_handles_load_their_client_data_and_compare_by_id() -> None:
     assert str(handles["bob"]) == "bob"
 
 
-def test_handles_can_travel_to_another_process() -> None:
+async def test_handles_can_travel_to_another_process() -> None:
     handle = make_source().iterator(0).select(1, 1)[0]
     copy = pickle.loads(pickle.dumps(handle))
     assert copy == handle and copy.load() == handle.load()
 
 
-def test_the_mapping_is_copied() -> None:
+async def test_the_mapping_is_copied() -> None:
     clients = {"a": 1, "b": 2}
     source = InMemoryDataSource(clients)
     clients["c"] = 3
     assert source.client_ids == ["a", "b"]
 
 
-def test_fake_data_source_is_deterministic() -> None:
+async def test_fake_data_source_is_deterministic() -> None:
     first, second = FakeDataSource(4, dim=3, seed=2), FakeDataSource(4, dim=3, seed=2)
     handle = first.iterator(0).select(1, 1)[0]
     same = next(h for h in second.iterator(0).select(4, 1) if h == handle)
@@ -134,3 +134,35 @@ def test_fake_data_source_is_deterministic() -> None:
     assert handle.load().shape == (5, 3)
     with pytest.raises(ValueError, match="num_clients must be a positive int"):
         FakeDataSource(0)
+
+
+@pytest.mark.parametrize(
+    ("sampling", "expected"),
+    [
+        ("uniform", ["c08", "c10", "c01", "c16", "c19"]),
+        ("with_replacement", ["c08", "c01", "c02", "c08", "c11"]),
+        ("fixed", ["c01", "c14", "c12", "c04", "c11"]),
+    ],
+)
+async def test_selection_is_pinned_so_checkpoints_resume_across_library_versions(
+    sampling: str, expected: list[str]
+) -> None:
+    source = InMemoryDataSource({f"c{i:02d}": i for i in range(20)}, sampling=sampling)
+    assert ids(source.iterator(42).select(5, 7)) == expected
+
+
+async def test_a_fixed_cohort_of_k_is_the_start_of_a_larger_one() -> None:
+    iterator = make_source(30, "fixed").iterator(9)
+    assert ids(iterator.select(12, 1))[:5] == ids(iterator.select(5, 1))
+
+
+async def test_uniform_sampling_is_close_to_uniform() -> None:
+    iterator = make_source(10).iterator(0)
+    counts = dict.fromkeys((f"c{i}" for i in range(10)), 0)
+    rounds = 4000
+    for round_num in range(rounds):
+        for client_id in ids(iterator.select(3, round_num)):
+            counts[client_id] += 1
+    expected = rounds * 3 / 10
+    chi_square = sum((count - expected) ** 2 / expected for count in counts.values())
+    assert chi_square < 27.9  # the 0.999 quantile of chi-square with 9 degrees of freedom

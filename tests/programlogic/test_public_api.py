@@ -10,13 +10,13 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize("module", [programlogic, managers, programlogic.testing])
-def test_all_is_sorted_and_every_name_resolves(module) -> None:
+async def test_all_is_sorted_and_every_name_resolves(module) -> None:
     assert module.__all__ == sorted(module.__all__)
     for name in module.__all__:
         assert getattr(module, name) is not None
 
 
-def test_the_top_level_exports_what_users_need() -> None:
+async def test_the_top_level_exports_what_users_need() -> None:
     needed = {
         "FederatedContext",
         "LocalContext",
@@ -32,7 +32,7 @@ def test_the_top_level_exports_what_users_need() -> None:
     assert needed <= set(programlogic.__all__)
 
 
-def test_every_public_class_and_function_of_the_package_is_exported() -> None:
+async def test_every_public_class_and_function_of_the_package_is_exported() -> None:
     modules = [
         programlogic.clock,
         programlogic.context,
@@ -49,7 +49,7 @@ def test_every_public_class_and_function_of_the_package_is_exported() -> None:
             ), f"{module.__name__}.{name} is not exported by programlogic"
 
 
-def test_every_public_name_has_a_docstring() -> None:
+async def test_every_public_name_has_a_docstring() -> None:
     for module in (programlogic, managers, programlogic.testing):
         for name in module.__all__:
             value = getattr(module, name)

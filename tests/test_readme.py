@@ -1,0 +1,41 @@
+"""The code in README.md works as written."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+README = pathlib.Path(__file__).parent.parent / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+async def test_the_program_example_trains_and_prints_its_last_metrics() -> None:
+    program = next(block for block in python_blocks() if "anyio.run(main)" in block)
+    completed = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.startswith("completed {'client_work': {'train': {'loss':")
+
+
+async def test_the_testing_example_passes() -> None:
+    example = next(block for block in python_blocks() if "SimulatedCrash" in block)
+    namespace: dict[str, object] = {}
+    exec(compile(example, str(README), "exec"), namespace)
+    await namespace["test_my_program_resumes_after_a_crash"]()
+
+
+async def test_the_quick_start_has_exactly_two_commands() -> None:
+    quick_start = README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)```", quick_start, flags=re.DOTALL)
+    assert len(commands) == 2
+    assert "samples/main_job.py" in commands[0]
+    assert commands[1].strip().endswith("-m pytest")
+    assert commands[1].strip() in (README.parent / ".ci" / "run").read_text()
