@@ -7,10 +7,10 @@ import importlib
 import inspect
 import json
 import pkgutil
-import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 import managers
@@ -32,7 +32,7 @@ def _submodule_names() -> list[str]:
     )
 
 
-def test_submodules_are_found():
+async def test_submodules_are_found():
     names = _submodule_names()
     for expected in (
         "managers.structure",
@@ -58,16 +58,12 @@ print(json.dumps({"imported": imported, "leaked": leaked}))
 """
 
 
-def test_importing_managers_does_not_import_programlogic():
-    completed = subprocess.run(
-        [sys.executable, "-c", _SUBPROCESS_CODE],
-        cwd=ROOT_DIR,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr
+async def test_importing_managers_does_not_import_programlogic():
+    with anyio.fail_after(120):
+        completed = await anyio.run_process(
+            [sys.executable, "-c", _SUBPROCESS_CODE], cwd=ROOT_DIR, check=False
+        )
+    assert completed.returncode == 0, completed.stderr.decode()
     report = json.loads(completed.stdout)
     assert report["leaked"] == []
     assert set(report["imported"]) == {"managers", *_submodule_names()}
@@ -98,12 +94,12 @@ def _programlogic_imports(tree: ast.AST) -> list[str]:
     return found
 
 
-def test_static_scan_finds_python_files():
+async def test_static_scan_finds_python_files():
     files = {path.relative_to(PACKAGE_DIR).as_posix() for path in _python_files()}
     assert {"__init__.py", "structure.py", "state/memory.py", "release/base.py"} <= files
 
 
-def test_static_scan_detects_programlogic_imports():
+async def test_static_scan_detects_programlogic_imports():
     sample = (
         "import programlogic\n"
         "import os, programlogic.training as t\n"
@@ -122,12 +118,12 @@ def test_static_scan_detects_programlogic_imports():
 @pytest.mark.parametrize(
     "path", _python_files(), ids=lambda path: path.relative_to(PACKAGE_DIR).as_posix()
 )
-def test_no_module_of_managers_imports_programlogic(path):
+async def test_no_module_of_managers_imports_programlogic(path):
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     assert _programlogic_imports(tree) == []
 
 
-def test_all_is_sorted_and_resolves():
+async def test_all_is_sorted_and_resolves():
     assert managers.__all__ == sorted(managers.__all__)
     assert len(set(managers.__all__)) == len(managers.__all__)
     for name in managers.__all__:
@@ -149,7 +145,7 @@ def _manager_classes() -> dict[str, type]:
     return found
 
 
-def test_every_public_manager_class_is_exported():
+async def test_every_public_manager_class_is_exported():
     classes = _manager_classes()
     assert {
         "ProgramStateManager",

@@ -116,6 +116,6 @@ async def test_failing_release_keeps_previous_value():
 
 
 @pytest.mark.parametrize("max_entries", [0, -1, True, False, 1.5, "2"])
-def test_invalid_max_entries_raises_value_error(max_entries):
+async def test_invalid_max_entries_raises_value_error(max_entries):
     with pytest.raises(ValueError, match=r"max_entries must be a positive int or None"):
         MemoryReleaseManager(max_entries=max_entries)

@@ -129,7 +129,7 @@ async def test_saving_existing_version_raises_version_exists_error(manager):
     assert await manager.get_versions() == [3]
 
 
-def test_version_exists_error_is_a_version_error():
+async def test_version_exists_error_is_a_version_error():
     assert issubclass(VersionExistsError, VersionError)
     assert issubclass(VersionError, ValueError)
     assert issubclass(VersionError, ManagerError)

@@ -67,7 +67,7 @@ async def test_keep_total_counts_after_removal():
 
 
 @pytest.mark.parametrize("keep_total", [0, -1, True, False, 1.5, "3"])
-def test_invalid_keep_total_raises_value_error(keep_total):
+async def test_invalid_keep_total_raises_value_error(keep_total):
     with pytest.raises(ValueError, match=r"keep_total must be a positive int or None"):
         MemoryProgramStateManager(keep_total=keep_total)
 

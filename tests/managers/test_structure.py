@@ -63,13 +63,13 @@ class Pair(tuple):
     """A tuple subclass that is not a NamedTuple."""
 
 
-def test_path_separator_is_slash():
+async def test_path_separator_is_slash():
     assert PATH_SEPARATOR == "/"
     assert join_path("", "a") == "a"
     assert join_path("a/b", "c") == "a/b/c"
 
 
-def test_flatten_nested_dicts_and_lists():
+async def test_flatten_nested_dicts_and_lists():
     structure = {"train": {"loss": 0.5, "num_examples": 10}, "weights": [1, 2]}
     assert flatten(structure) == [
         ("train/loss", 0.5),
@@ -79,7 +79,7 @@ def test_flatten_nested_dicts_and_lists():
     ]
 
 
-def test_flatten_deeply_nested_mixed_containers():
+async def test_flatten_deeply_nested_mixed_containers():
     structure = {"a": [{"b": (1, [2, 3])}, 4], "c": {"d": {"e": 5}}}
     assert flatten(structure) == [
         ("a/0/b/0", 1),
@@ -90,22 +90,22 @@ def test_flatten_deeply_nested_mixed_containers():
     ]
 
 
-def test_flatten_tuple_uses_positions():
+async def test_flatten_tuple_uses_positions():
     assert flatten((10, (20, 30))) == [("0", 10), ("1/0", 20), ("1/1", 30)]
 
 
-def test_flatten_namedtuple_uses_positions():
+async def test_flatten_namedtuple_uses_positions():
     assert flatten({"p": Point(1.0, 2.0)}) == [("p/0", 1.0), ("p/1", 2.0)]
 
 
-def test_flatten_dataclass_uses_field_names_in_declaration_order():
+async def test_flatten_dataclass_uses_field_names_in_declaration_order():
     assert flatten({"opt": Optimizer(lr=0.1, momentum=0.9)}) == [
         ("opt/lr", 0.1),
         ("opt/momentum", 0.9),
     ]
 
 
-def test_flatten_frozen_dataclass():
+async def test_flatten_frozen_dataclass():
     assert flatten(FrozenState(weights=[1, 2], step=7)) == [
         ("weights/0", 1),
         ("weights/1", 2),
@@ -113,53 +113,53 @@ def test_flatten_frozen_dataclass():
     ]
 
 
-def test_flatten_dataclass_includes_init_false_field():
+async def test_flatten_dataclass_includes_init_false_field():
     assert flatten(WithDerived(a=1, b=2)) == [("a", 1), ("b", 2), ("total", 3)]
 
 
-def test_flatten_dataclass_class_itself_is_a_leaf():
+async def test_flatten_dataclass_class_itself_is_a_leaf():
     assert not is_container(Optimizer)
     assert flatten({"cls": Optimizer}) == [("cls", Optimizer)]
 
 
-def test_flatten_keeps_dict_insertion_order_never_sorted():
+async def test_flatten_keeps_dict_insertion_order_never_sorted():
     structure = {"b": 1, "a": {"z": 2, "y": 3}, "c": 4}
     assert [path for path, _ in flatten(structure)] == ["b", "a/z", "a/y", "c"]
     assert leaves(structure) == [1, 2, 3, 4]
 
 
-def test_flatten_leaf_at_root_has_empty_path():
+async def test_flatten_leaf_at_root_has_empty_path():
     assert flatten(5) == [("", 5)]
     assert flatten(None) == [("", None)]
     assert flatten("text") == [("", "text")]
 
 
 @pytest.mark.parametrize("empty", [{}, [], ()], ids=["dict", "list", "tuple"])
-def test_flatten_empty_container_has_no_leaves(empty):
+async def test_flatten_empty_container_has_no_leaves(empty):
     assert flatten(empty) == []
     assert flatten({"x": empty, "y": 1}) == [("y", 1)]
 
 
-def test_flatten_str_and_bytes_are_leaves():
+async def test_flatten_str_and_bytes_are_leaves():
     assert flatten({"s": "abc", "b": b"xy"}) == [("s", "abc"), ("b", b"xy")]
 
 
-def test_flatten_non_str_key_at_root_raises_type_error():
+async def test_flatten_non_str_key_at_root_raises_type_error():
     with pytest.raises(TypeError, match=r"found int key 1 at the root"):
         flatten({1: "a"})
 
 
-def test_flatten_non_str_key_names_the_path():
+async def test_flatten_non_str_key_names_the_path():
     with pytest.raises(TypeError, match=r"found int key 3 at 'outer/0/inner'"):
         flatten({"outer": [{"inner": {3: "x"}}]})
 
 
-def test_flatten_tuple_key_names_type():
+async def test_flatten_tuple_key_names_type():
     with pytest.raises(TypeError, match=r"must be str; found tuple key \(1, 2\)"):
         flatten({"a": {(1, 2): 0}})
 
 
-def test_numpy_arrays_are_leaves():
+async def test_numpy_arrays_are_leaves():
     array = np.arange(6).reshape(2, 3)
     flat = flatten({"w": array, "s": np.float32(1.5)})
     assert [path for path, _ in flat] == ["w", "s"]
@@ -167,7 +167,7 @@ def test_numpy_arrays_are_leaves():
     assert not is_container(array)
 
 
-def test_is_container():
+async def test_is_container():
     assert is_container({})
     assert is_container([])
     assert is_container(())
@@ -194,7 +194,7 @@ def _assert_same_types(expected, actual):
             _assert_same_types(getattr(expected, field.name), getattr(actual, field.name))
 
 
-def test_unflatten_round_trip_restores_exact_container_types():
+async def test_unflatten_round_trip_restores_exact_container_types():
     template = {
         "b": [1, (2, 3)],
         "a": Point(4.0, 5.0),
@@ -210,7 +210,7 @@ def test_unflatten_round_trip_restores_exact_container_types():
     _assert_same_types(template, rebuilt)
 
 
-def test_unflatten_places_new_leaves_in_flatten_order():
+async def test_unflatten_places_new_leaves_in_flatten_order():
     template = {"b": [0, 0], "a": Point(0.0, 0.0), "opt": Optimizer(0.0, 0.0)}
     rebuilt = unflatten(template, range(6))
     assert rebuilt == {"b": [0, 1], "a": Point(2, 3), "opt": Optimizer(4, 5)}
@@ -219,55 +219,55 @@ def test_unflatten_places_new_leaves_in_flatten_order():
     assert type(rebuilt["opt"]) is Optimizer
 
 
-def test_unflatten_frozen_dataclass():
+async def test_unflatten_frozen_dataclass():
     rebuilt = unflatten(FrozenState(weights=[0, 0], step=0), [1, 2, 3])
     assert rebuilt == FrozenState(weights=[1, 2], step=3)
     assert type(rebuilt) is FrozenState
 
 
-def test_unflatten_dataclass_init_false_field_takes_new_leaf():
+async def test_unflatten_dataclass_init_false_field_takes_new_leaf():
     rebuilt = unflatten(WithDerived(a=1, b=2), [10, 20, 99])
     assert (rebuilt.a, rebuilt.b, rebuilt.total) == (10, 20, 99)
 
 
-def test_unflatten_frozen_dataclass_init_false_field_takes_new_leaf():
+async def test_unflatten_frozen_dataclass_init_false_field_takes_new_leaf():
     rebuilt = unflatten(FrozenWithDerived(a=1), [5, 42])
     assert (rebuilt.a, rebuilt.doubled) == (5, 42)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rebuilt.a = 6  # type: ignore[misc]
 
 
-def test_unflatten_does_not_mutate_template():
+async def test_unflatten_does_not_mutate_template():
     template = {"w": [1, 2], "opt": Optimizer(0.1, 0.9)}
     unflatten(template, [3, 4, 5, 6])
     assert template == {"w": [1, 2], "opt": Optimizer(0.1, 0.9)}
 
 
-def test_unflatten_leaf_template():
+async def test_unflatten_leaf_template():
     assert unflatten(0, ["new"]) == "new"
 
 
-def test_unflatten_accepts_iterator():
+async def test_unflatten_accepts_iterator():
     assert unflatten([0, 0, 0], iter("abc")) == ["a", "b", "c"]
 
 
-def test_unflatten_too_few_leaves_raises_value_error():
+async def test_unflatten_too_few_leaves_raises_value_error():
     with pytest.raises(ValueError, match=r"needs 3 leaves .* fewer were given"):
         unflatten({"a": 0, "b": [0, 0]}, [1, 2])
 
 
-def test_unflatten_too_many_leaves_raises_value_error():
+async def test_unflatten_too_many_leaves_raises_value_error():
     with pytest.raises(ValueError, match=r"needs 2 leaves .* more were given"):
         unflatten([0, 0], [1, 2, 3])
 
 
-def test_unflatten_empty_template_rejects_leaves():
+async def test_unflatten_empty_template_rejects_leaves():
     assert unflatten({}, []) == {}
     with pytest.raises(ValueError, match="more were given"):
         unflatten({}, [1])
 
 
-def test_map_structure_keeps_container_types_and_order():
+async def test_map_structure_keeps_container_types_and_order():
     structure = {"b": [1, 2], "a": Point(3, 4), "opt": Optimizer(5, 6), "t": (7,)}
     mapped = map_structure(lambda leaf: leaf * 10, structure)
     assert mapped == {"b": [10, 20], "a": Point(30, 40), "opt": Optimizer(50, 60), "t": (70,)}
@@ -275,18 +275,18 @@ def test_map_structure_keeps_container_types_and_order():
     assert structure["b"] == [1, 2]
 
 
-def test_map_structure_on_leaf():
+async def test_map_structure_on_leaf():
     assert map_structure(str, 3) == "3"
 
 
-def test_map_structure_over_numpy_arrays():
+async def test_map_structure_over_numpy_arrays():
     structure = {"w": np.ones(3), "b": np.zeros(2)}
     mapped = map_structure(lambda array: array + 1, structure)
     np.testing.assert_array_equal(mapped["w"], np.full(3, 2.0))
     np.testing.assert_array_equal(mapped["b"], np.ones(2))
 
 
-def test_map_with_paths_passes_each_leaf_path():
+async def test_map_with_paths_passes_each_leaf_path():
     structure = {"b": {"x": 1}, "a": [2, Point(3, 4)], "opt": Optimizer(5, 6)}
     mapped = map_with_paths(lambda path, leaf: f"{path}={leaf}", structure)
     assert mapped == {
@@ -297,10 +297,10 @@ def test_map_with_paths_passes_each_leaf_path():
     assert type(mapped["a"][1]) is Point
 
 
-def test_map_with_paths_root_leaf_path_is_empty():
+async def test_map_with_paths_root_leaf_path_is_empty():
     assert map_with_paths(lambda path, leaf: (path, leaf), 7) == ("", 7)
 
 
-def test_map_with_paths_non_str_key_raises_type_error():
+async def test_map_with_paths_non_str_key_raises_type_error():
     with pytest.raises(TypeError, match=r"at 'a'"):
         map_with_paths(lambda path, leaf: leaf, {"a": {None: 1}})

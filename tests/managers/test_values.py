@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from typing import Any, NamedTuple
 
 import anyio
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from managers import ValueReference, materialize
+from managers.structure import leaves
 from managers.values import is_value_reference
 
 pytestmark = pytest.mark.anyio
@@ -48,13 +50,13 @@ class Metrics:
     accuracy: Any
 
 
-def test_value_reference_protocol_isinstance():
+async def test_value_reference_protocol_isinstance():
     assert isinstance(Later(1), ValueReference)
     assert not isinstance(1, ValueReference)
     assert not isinstance({"get_value": 1}, ValueReference)
 
 
-def test_is_value_reference():
+async def test_is_value_reference():
     assert is_value_reference(Later(1))
     assert not is_value_reference(0.5)
 
@@ -103,6 +105,30 @@ async def test_materialize_preserves_container_types_and_order():
     assert result["a"] == Metrics(loss=0.5, accuracy=0.75)
     assert type(result["t"]) is tuple
     assert result["t"] == ("x", ["y"])
+
+
+@pytest.mark.parametrize(
+    "structure",
+    [
+        Point(Later(1), 2),
+        Metrics(loss=Later(0.5), accuracy=0.75),
+        {"nested": [(Metrics(loss=0.1, accuracy=Later(0.2)),)]},
+        OrderedDict([("x", Later("value"))]),
+        {"p": Point(1, Point(2, Later(3)))},
+    ],
+    ids=["namedtuple", "dataclass", "nested-dataclass", "ordered-dict", "nested-namedtuple"],
+)
+async def test_materialize_finds_references_only_inside_typed_containers(structure):
+    result = await materialize(structure)
+    assert result is not structure
+    assert type(result) is type(structure)
+    assert not any(isinstance(leaf, Later) for leaf in leaves(result))
+
+
+async def test_materialize_typed_containers_values():
+    assert await materialize(Point(Later(1), 2)) == Point(1, 2)
+    assert await materialize(OrderedDict([("x", Later("v"))])) == OrderedDict([("x", "v")])
+    assert await materialize({"p": Point(1, Point(2, Later(3)))}) == {"p": Point(1, Point(2, 3))}
 
 
 async def test_materialize_reference_to_numpy_array():
@@ -167,8 +193,9 @@ async def test_two_failing_references_raise_exception_group():
             arrived += 1
             if arrived == 2:
                 gate.set()
-            # Shielded so that the first failure cannot cancel the second one.
-            with anyio.CancelScope(shield=True):
+            # Shielded so that the first failure cannot cancel the second one; the
+            # shield has its own timeout so that a sequential materialize cannot hang.
+            with anyio.move_on_after(5, shield=True):
                 await gate.wait()
             raise self.error
 
