@@ -25,12 +25,14 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = [
     "PATH_SEPARATOR",
+    "dict_like",
     "flatten",
     "is_container",
     "join_path",
@@ -51,6 +53,17 @@ def is_container(value: object) -> bool:
 def join_path(prefix: str, key: str) -> str:
     """The path of ``key`` inside the container at path ``prefix``."""
     return f"{prefix}{PATH_SEPARATOR}{key}" if prefix else key
+
+
+def dict_like(template: dict[str, Any], items: dict[str, Any]) -> dict[str, Any]:
+    """``items`` in a dict of ``template``'s type and settings (an OrderedDict, a
+    defaultdict with its default factory); a plain dict when ``template`` is one."""
+    if type(template) is dict:
+        return items
+    rebuilt = copy.copy(template)
+    rebuilt.clear()
+    rebuilt.update(items)
+    return rebuilt
 
 
 def flatten(structure: Any) -> list[tuple[str, Any]]:
@@ -138,8 +151,9 @@ def _walk(node: Any, path: str, found: list[tuple[str, Any]]) -> None:
 
 def _rebuild(template: Any, iterator: Iterator[Any]) -> Any:
     if isinstance(template, dict):
-        rebuilt = {key: _rebuild(child, iterator) for key, child in template.items()}
-        return rebuilt if type(template) is dict else type(template)(rebuilt)
+        return dict_like(
+            template, {key: _rebuild(child, iterator) for key, child in template.items()}
+        )
     if isinstance(template, list):
         return [_rebuild(child, iterator) for child in template]
     if isinstance(template, tuple):

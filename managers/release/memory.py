@@ -16,7 +16,8 @@ class MemoryReleaseManager(ReleaseManager):
     ``values()`` returns the kept values as a dict key -> value in the order keys were
     first released; releasing a key again replaces its value and keeps its position.
     ``max_entries``: keep at most this many keys, dropping the earliest released first
-    (``None`` keeps all). Values are stored as materialized, without copying.
+    (``None`` keeps all). Values are stored as materialized, without copying. When
+    releases of one key overlap, the one called last wins.
     """
 
     def __init__(self, max_entries: int | None = None) -> None:
@@ -26,10 +27,18 @@ class MemoryReleaseManager(ReleaseManager):
             raise ValueError(f"max_entries must be a positive int or None, got {max_entries!r}")
         self._max_entries = max_entries
         self._values: dict[ReleaseKey, Any] = {}
+        self._calls = 0
+        self._latest_call: dict[ReleaseKey, int] = {}
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         check_key(key)
-        self._values[key] = await materialize(value)
+        self._calls += 1
+        call = self._latest_call[key] = self._calls
+        materialized = await materialize(value)
+        if self._latest_call.get(key) != call:
+            return  # a later release of this key was made while this one materialized
+        del self._latest_call[key]
+        self._values[key] = materialized
         if self._max_entries is not None:
             while len(self._values) > self._max_entries:
                 del self._values[next(iter(self._values))]

@@ -9,7 +9,7 @@ import numpy as np
 
 from managers.exceptions import VersionNotFoundError
 from managers.state.base import ProgramStateManager, check_version
-from managers.structure import leaves, unflatten
+from managers.structure import dict_like, leaves, unflatten
 
 __all__ = ["MemoryProgramStateManager"]
 
@@ -43,12 +43,7 @@ class MemoryProgramStateManager(ProgramStateManager):
                 del self._versions[next(iter(self._versions))]
 
     async def load(self, version: int, structure: Any = None) -> Any:
-        try:
-            state = self._versions[version]
-        except (KeyError, TypeError):
-            raise VersionNotFoundError(
-                f"no program state is saved as version {version!r}; saved: {sorted(self._versions)}"
-            ) from None
+        state = self._versions[self._saved(version)]
         loaded = _snapshot(state)
         if structure is None:
             return loaded
@@ -58,12 +53,22 @@ class MemoryProgramStateManager(ProgramStateManager):
         return list(self._versions)
 
     async def remove(self, version: int) -> None:
-        if version not in self._versions:
-            raise VersionNotFoundError(f"no program state is saved as version {version!r}")
-        del self._versions[version]
+        del self._versions[self._saved(version)]
 
     async def remove_all(self) -> None:
         self._versions.clear()
+
+    def _saved(self, version: object) -> int:
+        """``version`` if it is saved; VersionNotFoundError otherwise (also for non-ints)."""
+        if (
+            isinstance(version, bool)
+            or not isinstance(version, int)
+            or version not in self._versions
+        ):
+            raise VersionNotFoundError(
+                f"no program state is saved as version {version!r}; saved: {list(self._versions)}"
+            )
+        return version
 
 
 def _snapshot(value: Any) -> Any:
@@ -87,5 +92,6 @@ def _reshape(template: Any, value: Any) -> Any:
     if template is None:
         return value
     if isinstance(template, dict) and isinstance(value, dict):
-        return {key: _reshape(template.get(key), child) for key, child in value.items()}
+        reshaped = {key: _reshape(template.get(key), child) for key, child in value.items()}
+        return dict_like(template, reshaped)
     return unflatten(template, leaves(value))

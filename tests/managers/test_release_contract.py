@@ -220,3 +220,12 @@ async def test_async_context_manager_propagates_errors(release_manager_factory):
     with pytest.raises(RuntimeError, match="inside"):
         async with manager:
             raise RuntimeError("inside")
+
+
+async def test_overlapping_releases_of_one_key_keep_the_last_call(release_manager):
+    manager, read_back = release_manager
+    async with anyio.create_task_group() as group:
+        group.start_soon(manager.release, Later("first, slow", delay=20), 1)
+        await anyio.sleep(0)
+        group.start_soon(manager.release, Later("second, fast", delay=1), 1)
+    assert read_back() == {1: "second, fast"}

@@ -383,3 +383,21 @@ async def test_aclose(state_manager_factory):
     created = state_manager_factory()
     await created.save(_state(0), 0)
     assert await created.aclose() is None
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1", [1]])
+async def test_load_and_remove_take_only_int_versions(manager, version):
+    await manager.save({"a": 1}, 1)
+    with pytest.raises(VersionNotFoundError):
+        await manager.load(version)
+    with pytest.raises(VersionNotFoundError):
+        await manager.remove(version)
+    assert await manager.get_versions() == [1]
+
+
+async def test_a_dict_subclass_template_gives_its_type(manager):
+    from collections import OrderedDict
+
+    await manager.save({"a": 1, "b": 2}, 0)
+    loaded = await manager.load(0, OrderedDict(a=0, b=0))
+    assert type(loaded) is OrderedDict and loaded == OrderedDict(a=1, b=2)

@@ -304,3 +304,14 @@ async def test_map_with_paths_root_leaf_path_is_empty():
 async def test_map_with_paths_non_str_key_raises_type_error():
     with pytest.raises(TypeError, match=r"at 'a'"):
         map_with_paths(lambda path, leaf: leaf, {"a": {None: 1}})
+
+
+async def test_dict_subclasses_keep_their_type_and_settings():
+    from collections import OrderedDict, defaultdict
+
+    counts = defaultdict(int, a=1)
+    mapped = map_structure(lambda x: x + 1, counts)
+    assert type(mapped) is defaultdict and mapped == {"a": 2}
+    assert mapped["missing"] == 0
+    ordered = unflatten(OrderedDict(b=0, a=0), [1, 2])
+    assert type(ordered) is OrderedDict and list(ordered.items()) == [("b", 1), ("a", 2)]
