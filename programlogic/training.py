@@ -7,7 +7,7 @@ import datetime
 import enum
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
@@ -170,7 +170,7 @@ async def train_model(
 
     if evaluation_manager is not None:
         await evaluation_manager.resume_from_previous_state()
-    initial_state = await _call(context, train_process.initialize)
+    initial_state = await _through(context, train_process.initialize)()
     template = {"train_state": initial_state}
     loaded, loaded_round = await program_state_manager.load_latest(template)
     resumed_from = None if loaded is None else loaded_round
@@ -191,13 +191,14 @@ async def train_model(
 
         # The persister saves and releases one round while the loop computes the next;
         # an unbuffered stream holds the loop back until the previous round is taken.
+        next_round = _through(context, train_process.next)
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
         persisted = anyio.Event()
         group.start_soon(program.persist_each, receive, persisted, name="persist rounds")
         async with send:
             for round_num in range(first_round, train_total_rounds + 1):
                 clients = iterator.select(train_per_round_clients, round_num)
-                output = await _call(context, train_process.next, state, clients)
+                output = await next_round(state, clients)
                 if not (hasattr(output, "state") and hasattr(output, "metrics")):
                     raise TypeError(
                         "train_process.next must return a LearningProcessOutput(state, "
@@ -209,7 +210,7 @@ async def train_model(
                 await send.send(checkpoint)
         await persisted.wait()
 
-        weights = await _call(context, train_process.get_model_weights, state)
+        weights = await _through(context, train_process.get_model_weights)(state)
         await model_output_manager.release(weights, final_model_key(train_total_rounds))
 
     if evaluation_manager is not None:
@@ -267,7 +268,10 @@ class _Program:
 
     async def persist(self, checkpoint: dict[str, Any]) -> None:
         """Save ``checkpoint``, then make its releases."""
-        checkpoint = await materialize(checkpoint)
+        # Only what the process returned can hold value references.
+        checkpoint["train_state"], checkpoint["metrics"] = await materialize(
+            (checkpoint["train_state"], checkpoint["metrics"])
+        )
         await self.state_manager.save(checkpoint, checkpoint["round"])
         await self.release_round(checkpoint)
 
@@ -287,9 +291,8 @@ class _Program:
             await self.metrics_manager.release(checkpoint["metrics"], round_num)
         evaluation = checkpoint["evaluation"]
         if evaluation["due"] and self.evaluation_manager is not None:
-            weights = await _call(
-                self.context, self.process.get_model_weights, checkpoint["train_state"]
-            )
+            get_weights = _through(self.context, self.process.get_model_weights)
+            weights = await get_weights(checkpoint["train_state"])
             await self.evaluation_manager.start_evaluation(
                 round_num, evaluation["last_time"], weights
             )
@@ -333,14 +336,16 @@ class _Program:
             )
 
 
-async def _call(context: FederatedContext, fn: Callable[..., Any], *args: Any) -> Any:
-    """Await ``fn(*args)`` if it is a coroutine function; else run it through the context."""
+def _through(context: FederatedContext, fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """``fn`` as a coroutine function: itself if it is one, else run through the context."""
     if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    result = await context.run(fn, *args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+        return fn
+
+    async def off_the_loop(*args: Any) -> Any:
+        result = await context.run(fn, *args)
+        return await result if inspect.isawaitable(result) else result
+
+    return off_the_loop
 
 
 def _is_int(value: object) -> bool:

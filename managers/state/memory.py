@@ -73,12 +73,16 @@ class MemoryProgramStateManager(ProgramStateManager):
 
 def _snapshot(value: Any) -> Any:
     """A deep copy; plain containers and arrays are copied directly, which is faster."""
-    if isinstance(value, dict) and type(value) is dict:
-        return {key: _snapshot(child) for key, child in value.items()}
-    if type(value) is list:
-        return [_snapshot(child) for child in value]
-    if type(value) in _IMMUTABLE:
+    kind = type(value)
+    if kind in _IMMUTABLE:
         return value
+    if kind is dict:
+        return {
+            key: child if type(child) in _IMMUTABLE else _snapshot(child)
+            for key, child in value.items()
+        }
+    if kind is list:
+        return [child if type(child) in _IMMUTABLE else _snapshot(child) for child in value]
     if type(value) is np.ndarray and not value.dtype.hasobject:
         return value.copy()
     return copy.deepcopy(value)
