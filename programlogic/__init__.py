@@ -23,7 +23,7 @@ from programlogic.exceptions import (
     ResumeError,
 )
 from programlogic.process import LearningProcess, LearningProcessOutput
-from programlogic.tasks import TaskTracker
+from programlogic.tasks import TaskTracker, TrackedTask
 from programlogic.training import (
     EvaluationManagerProtocol,
     StopReason,
@@ -52,6 +52,7 @@ __all__ = [
     "StopReason",
     "SystemClock",
     "TaskTracker",
+    "TrackedTask",
     "TrainingResult",
     "check_in_federated_context",
     "final_model_key",

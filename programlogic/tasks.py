@@ -26,26 +26,57 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from managers._taskgroups import collapse, task_group
 
-__all__ = ["TaskTracker", "collapse", "task_group"]
+__all__ = ["TaskTracker", "TrackedTask", "collapse", "task_group"]
+
+
+class TrackedTask:
+    """A handle on one task of a :class:`TaskTracker`.
+
+    ``wait()`` waits for the task and raises its failure, which then counts as
+    collected: the tracker does not raise it again. ``value`` is what the task passed
+    to ``task_status.started()`` (for tasks started with :meth:`TaskTracker.start`).
+    """
+
+    def __init__(self, tracker: TaskTracker, name: str | None) -> None:
+        self.name = name
+        self.value: Any = None
+        self._tracker = tracker
+        self._finished = anyio.Event()
+        self._error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the task has finished, successfully or not."""
+        return self._finished.is_set()
+
+    async def wait(self) -> None:
+        """Wait until the task finishes; raise what it raised."""
+        await self._finished.wait()
+        if self._error is not None:
+            self._tracker._collect(self)
+            raise self._error
 
 
 class TaskTracker:
     """Owns background tasks that fail independently; their failures are kept for later.
 
-    Use as an async context manager. Leaving it cancels the tasks still running, then
-    raises the failures nobody has collected yet (unless the block itself raised).
+    Use as an async context manager. A failing task cancels nothing: its exception is
+    kept until the task's handle, :meth:`wait` or :meth:`raise_failures` collects it.
+    Leaving the tracker cancels the tasks still running, then raises the failures
+    nobody collected (unless the block itself raised).
 
     Example::
 
         async with TaskTracker() as tracker:
-            tracker.start_soon(evaluate, 1)
+            first = tracker.start_soon(evaluate, 1)
             tracker.start_soon(evaluate, 2)
-            await tracker.wait()  # raises what failed: the error, or an ExceptionGroup
+            await first.wait()    # raises what evaluation 1 raised
+            await tracker.wait()  # raises what is left: the error, or an ExceptionGroup
     """
 
     def __init__(self) -> None:
         self._group: TaskGroup | None = None
-        self._failures: list[Exception] = []
+        self._uncollected: list[TrackedTask] = []
         self._running = 0
         self._idle = anyio.Event()
         self._idle.set()
@@ -57,38 +88,40 @@ class TaskTracker:
 
     def start_soon(
         self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None
-    ) -> None:
-        """Run ``fn(*args)`` in the background; a failure is kept for :meth:`wait`."""
+    ) -> TrackedTask:
+        """Run ``fn(*args)`` in the background and return its handle."""
         group = self._require_group()
-        self._enter()
-        group.start_soon(self._run, fn, args, None, name=name)
+        task = self._enter(name)
+        group.start_soon(self._run, task, fn, args, None, name=name)
+        return task
 
     async def start(
         self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None
-    ) -> Any:
-        """Run ``fn(*args, task_status=...)`` and return once it calls ``task_status.started()``.
+    ) -> TrackedTask:
+        """Run ``fn(*args, task_status=...)``; return its handle once it calls ``started()``.
 
-        What ``fn`` passes to ``started`` is returned. A failure before ``started`` is
-        raised here; a failure after it is kept for :meth:`wait`.
+        A failure before ``started`` is raised here; a failure after it is kept.
         """
         group = self._require_group()
-        self._enter()
-        return await group.start(self._run_started, fn, args, name=name)
+        task = self._enter(name)
+        await group.start(self._run_started, task, fn, args, name=name)
+        return task
 
     async def wait(self) -> None:
-        """Wait until no task runs, then raise the failures kept so far (and forget them)."""
+        """Wait until no task runs, then raise the failures not collected yet."""
         while self._running:
             await self._idle.wait()
         self.raise_failures()
 
     def raise_failures(self) -> None:
-        """Raise the failures kept so far: one as itself, several as an ExceptionGroup."""
-        if not self._failures:
+        """Raise the uncollected failures: one as itself, several as an ExceptionGroup."""
+        if not self._uncollected:
             return
-        failures, self._failures = self._failures, []
-        if len(failures) == 1:
-            raise failures[0]
-        raise ExceptionGroup(f"{len(failures)} background tasks failed", failures)
+        failed, self._uncollected = self._uncollected, []
+        errors = [task._error for task in failed if task._error is not None]
+        if len(errors) == 1:
+            raise errors[0]
+        raise ExceptionGroup(f"{len(errors)} background tasks failed", errors)
 
     async def __aenter__(self) -> Self:
         group = anyio.create_task_group()
@@ -116,10 +149,15 @@ class TaskTracker:
             self.raise_failures()
         return suppressed
 
-    def _enter(self) -> None:
+    def _enter(self, name: str | None) -> TrackedTask:
         if self._running == 0:
             self._idle = anyio.Event()
         self._running += 1
+        return TrackedTask(self, name)
+
+    def _collect(self, task: TrackedTask) -> None:
+        if task in self._uncollected:
+            self._uncollected.remove(task)
 
     def _require_group(self) -> TaskGroup:
         if self._group is None:
@@ -128,11 +166,12 @@ class TaskTracker:
 
     async def _run(
         self,
+        task: TrackedTask,
         fn: Callable[..., Awaitable[Any]],
         args: tuple[Any, ...],
         status: TaskStatus[Any] | None,
     ) -> None:
-        flag = None if status is None else _StartedFlag(status)
+        flag = None if status is None else _StartedFlag(status, task)
         try:
             if flag is None:
                 await fn(*args)
@@ -141,29 +180,34 @@ class TaskTracker:
         except Exception as error:
             if flag is not None and not flag.is_started:
                 raise  # the caller of start() receives it
-            self._failures.append(error)
+            task._error = error
+            self._uncollected.append(task)
         finally:
+            task._finished.set()
             self._running -= 1
             if self._running == 0:
                 self._idle.set()
 
     async def _run_started(
         self,
+        task: TrackedTask,
         fn: Callable[..., Awaitable[Any]],
         args: tuple[Any, ...],
         *,
         task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        await self._run(fn, args, task_status)
+        await self._run(task, fn, args, task_status)
 
 
 class _StartedFlag:
     """A task status that remembers whether the task said it started."""
 
-    def __init__(self, status: TaskStatus[Any]) -> None:
+    def __init__(self, status: TaskStatus[Any], task: TrackedTask) -> None:
         self._status = status
+        self._task = task
         self.is_started = False
 
     def started(self, value: Any = None) -> None:
         self.is_started = True
+        self._task.value = value
         self._status.started(value)

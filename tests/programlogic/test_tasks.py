@@ -97,7 +97,8 @@ async def test_start_returns_once_the_task_is_ready() -> None:
         steps.append("evaluated")
 
     async with TaskTracker() as tracker:
-        assert await tracker.start(evaluation) == "ready"
+        task = await tracker.start(evaluation)
+        assert task.value == "ready" and not task.done
         assert steps == ["bookkeeping saved"]
         await tracker.wait()
     assert steps == ["bookkeeping saved", "evaluated"]
@@ -146,3 +147,30 @@ async def test_a_closed_tracker_refuses_new_tasks() -> None:
     tracker = TaskTracker()
     with pytest.raises(RuntimeError, match="not open"):
         tracker.start_soon(anyio.sleep, 0)
+
+
+async def test_a_task_handle_collects_its_own_failure() -> None:
+    async def fail(error: Exception) -> None:
+        raise error
+
+    async with TaskTracker() as tracker:
+        mine = tracker.start_soon(fail, KeyError("mine"), name="mine")
+        tracker.start_soon(fail, ValueError("theirs"))
+        with pytest.raises(KeyError, match="mine"):
+            await mine.wait()
+        assert mine.done and mine.name == "mine"
+        with pytest.raises(ValueError, match="theirs"):
+            await tracker.wait()  # only what the handle did not collect
+
+
+async def test_a_handle_of_a_successful_task_waits_for_it() -> None:
+    steps = []
+
+    async def work() -> None:
+        await anyio.sleep(0.01)
+        steps.append("done")
+
+    async with TaskTracker() as tracker:
+        task = tracker.start_soon(work)
+        await task.wait()
+        assert steps == ["done"] and task.done
