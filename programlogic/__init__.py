@@ -16,13 +16,14 @@ from programlogic.data import (
     InMemoryDataSource,
     Sampling,
 )
+from programlogic.evaluation import EvaluationManager, evaluate_once, evaluation_seed
 from programlogic.exceptions import (
     ClientError,
     NoFederatedContextError,
     ProgramLogicError,
     ResumeError,
 )
-from programlogic.process import LearningProcess, LearningProcessOutput
+from programlogic.process import LearningProcess, LearningProcessOutput, as_async
 from programlogic.tasks import TaskTracker, TrackedTask
 from programlogic.training import (
     EvaluationManagerProtocol,
@@ -37,6 +38,7 @@ __all__ = [
     "ClientHandle",
     "ClientSampler",
     "Clock",
+    "EvaluationManager",
     "EvaluationManagerProtocol",
     "FederatedContext",
     "FederatedDataSource",
@@ -54,7 +56,10 @@ __all__ = [
     "TaskTracker",
     "TrackedTask",
     "TrainingResult",
+    "as_async",
     "check_in_federated_context",
+    "evaluate_once",
+    "evaluation_seed",
     "final_model_key",
     "get_context",
     "train_model",

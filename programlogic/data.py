@@ -217,6 +217,10 @@ class InMemoryDataSource:
     def client_ids(self) -> list[str]:
         return list(self._clients)
 
+    def all_clients(self) -> list[ClientHandle]:
+        """A handle for every client, sorted by id (e.g. to evaluate on a whole test set)."""
+        return sorted(self._handles)
+
     def iterator(self, seed: int) -> ClientSampler:
         return ClientSampler(self._handles, seed, self._sampling)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from programlogic.context import get_context
 from programlogic.data import ClientHandle
 
-__all__ = ["LearningProcess", "LearningProcessOutput"]
+__all__ = ["LearningProcess", "LearningProcessOutput", "as_async"]
 
 
 class LearningProcessOutput(NamedTuple):
@@ -52,3 +54,20 @@ class LearningProcess(Protocol):
     def set_model_weights(self, state: Any, weights: Any) -> Any:
         """A state like ``state`` that holds ``weights``."""
         ...
+
+
+def as_async(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """``fn`` as a coroutine function.
+
+    A coroutine function is returned as it is. Any other callable is run through the
+    current federated context (off the event loop) when the returned function is
+    awaited; if it returns an awaitable, that is awaited too.
+    """
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    async def off_the_loop(*args: Any) -> Any:
+        result = await get_context().run(fn, *args)
+        return await result if inspect.isawaitable(result) else result
+
+    return off_the_loop

@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-import inspect
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
@@ -17,10 +15,10 @@ from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.values import materialize
 from programlogic.clock import Clock, SystemClock
-from programlogic.context import FederatedContext, get_context
+from programlogic.context import get_context
 from programlogic.data import FederatedDataSource
 from programlogic.exceptions import ResumeError
-from programlogic.process import LearningProcess
+from programlogic.process import LearningProcess, as_async
 from programlogic.tasks import task_group
 
 __all__ = [
@@ -152,9 +150,8 @@ async def train_model(
         iterator.select(train_per_round_clients, 1)
     except ValueError as error:
         raise ValueError(f"train_per_round_clients={train_per_round_clients}: {error}") from None
-    context = get_context()
+    get_context()  # a clear error outside a federated context
     program = _Program(
-        context=context,
         process=train_process,
         state_manager=program_state_manager,
         metrics_manager=train_metrics_manager,
@@ -170,7 +167,7 @@ async def train_model(
 
     if evaluation_manager is not None:
         await evaluation_manager.resume_from_previous_state()
-    initial_state = await _through(context, train_process.initialize)()
+    initial_state = await as_async(train_process.initialize)()
     template = {"train_state": initial_state}
     loaded, loaded_round = await program_state_manager.load_latest(template)
     resumed_from = None if loaded is None else loaded_round
@@ -191,7 +188,7 @@ async def train_model(
 
         # The persister saves and releases one round while the loop computes the next;
         # an unbuffered stream holds the loop back until the previous round is taken.
-        next_round = _through(context, train_process.next)
+        next_round = as_async(train_process.next)
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
         persisted = anyio.Event()
         group.start_soon(program.persist_each, receive, persisted, name="persist rounds")
@@ -210,7 +207,7 @@ async def train_model(
                 await send.send(checkpoint)
         await persisted.wait()
 
-        weights = await _through(context, train_process.get_model_weights)(state)
+        weights = await as_async(train_process.get_model_weights)(state)
         await model_output_manager.release(weights, final_model_key(train_total_rounds))
 
     if evaluation_manager is not None:
@@ -230,7 +227,6 @@ async def train_model(
 class _Program:
     """What one ``train_model`` call needs in its steps, gathered once."""
 
-    context: FederatedContext
     process: LearningProcess
     state_manager: ProgramStateManager
     metrics_manager: ReleaseManager | None
@@ -291,7 +287,7 @@ class _Program:
             await self.metrics_manager.release(checkpoint["metrics"], round_num)
         evaluation = checkpoint["evaluation"]
         if evaluation["due"] and self.evaluation_manager is not None:
-            get_weights = _through(self.context, self.process.get_model_weights)
+            get_weights = as_async(self.process.get_model_weights)
             weights = await get_weights(checkpoint["train_state"])
             await self.evaluation_manager.start_evaluation(
                 round_num, evaluation["last_time"], weights
@@ -334,18 +330,6 @@ class _Program:
                 f"cannot resume from the program state of round {loaded_round}: it was "
                 f"written with {', '.join(differences)}"
             )
-
-
-def _through(context: FederatedContext, fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    """``fn`` as a coroutine function: itself if it is one, else run through the context."""
-    if inspect.iscoroutinefunction(fn):
-        return fn
-
-    async def off_the_loop(*args: Any) -> Any:
-        result = await context.run(fn, *args)
-        return await result if inspect.isawaitable(result) else result
-
-    return off_the_loop
 
 
 def _is_int(value: object) -> bool:

@@ -1,0 +1,320 @@
+"""Forked, resumable evaluation loops, and evaluating a model once on a whole test set."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from managers.release.base import ReleaseManager
+from managers.state.base import ProgramStateManager
+from managers.values import materialize
+from programlogic.clock import Clock, SystemClock
+from programlogic.context import get_context
+from programlogic.data import ClientHandle, FederatedDataSource
+from programlogic.process import LearningProcess, as_async
+from programlogic.tasks import TrackedTask, collapse
+
+__all__ = ["EvaluationManager", "evaluate_once", "evaluation_seed"]
+
+logger = logging.getLogger(__name__)
+
+MANAGER_STATE_NAME = "evaluation_manager"
+"""The name given to ``create_state_manager_fn`` for the manager's own bookkeeping."""
+
+
+def evaluation_seed(seed: int, train_round: int) -> int:
+    """The sampling seed of the evaluation of ``train_round``: a pure function of both."""
+    digest = hashlib.sha256(f"evaluation/{seed}/{train_round}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def _evaluation_name(train_round: int) -> str:
+    return f"evaluation_of_round_{train_round}"
+
+
+class EvaluationManager:
+    """Forks an evaluation loop per evaluated training round, and resumes them after a restart.
+
+    - ``data_source``: the evaluation clients; each evaluation round samples
+      ``cohort_size`` of them, seeded by ``(seed, train round)`` and the evaluation
+      round, so a resumed evaluation samples what it would have sampled.
+    - ``aggregated_metrics_manager``: receives each evaluation's final metrics (those of
+      its last evaluation round; an evaluation process that aggregates across rounds
+      makes them aggregated) with key = train round.
+    - ``create_state_manager_fn(name)``: a program-state manager per name: the
+      manager's own bookkeeping (``"evaluation_manager"``) and each evaluation's state
+      (``"evaluation_of_round_{r}"``). It must return managers that see the same data
+      for the same name after a restart (e.g. file managers under one directory).
+    - ``create_process_fn(name)``: ``(evaluation_process, per_round_metrics_manager)``
+      for an evaluation; the process is a :class:`~programlogic.LearningProcess`
+      whose ``next`` evaluates (its state holds the weights under evaluation).
+    - ``duration``: an evaluation runs at least one evaluation round, then more until
+      its deadline, start time + ``duration``, on ``clock``.
+    - ``max_concurrent``: at most this many loops evaluate at once; the others wait
+      their turn in the order they were started.
+
+    Ownership: loops run in the current federated context's background work. Leaving
+    the context cancels unfinished loops; their saved state stays for a resume. A
+    failing loop never cancels its caller: :meth:`wait_for_evaluations_to_finish`
+    raises its failure.
+
+    What is durable, in order, so that a crash anywhere loses nothing and leaves no
+    orphaned state: ``start_evaluation`` saves the in-flight list (train round, start
+    time as int seconds), then the evaluation's initial state (the weights), then
+    starts the loop. After each evaluation round the loop releases that round's
+    metrics (key = evaluation round), then saves its state. At the end it releases the
+    aggregated metrics, deletes its state, then records the round as finished. On
+    resume, an in-flight evaluation whose state was never saved (or already deleted)
+    is dropped with a warning: ``train_model`` starts the evaluation of the round it
+    resumes from again, which covers both cases.
+    """
+
+    def __init__(
+        self,
+        data_source: FederatedDataSource,
+        aggregated_metrics_manager: ReleaseManager,
+        create_state_manager_fn: Callable[[str], ProgramStateManager],
+        create_process_fn: Callable[[str], tuple[LearningProcess, ReleaseManager]],
+        cohort_size: int,
+        duration: datetime.timedelta = datetime.timedelta(hours=24),
+        clock: Clock | None = None,
+        max_concurrent: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if not callable(getattr(data_source, "iterator", None)):
+            raise TypeError(
+                f"data_source must be a FederatedDataSource, got {type(data_source).__name__}"
+            )
+        if not callable(getattr(aggregated_metrics_manager, "release", None)):
+            raise TypeError(
+                "aggregated_metrics_manager must be a ReleaseManager, got "
+                f"{type(aggregated_metrics_manager).__name__}"
+            )
+        for name, fn in (
+            ("create_state_manager_fn", create_state_manager_fn),
+            ("create_process_fn", create_process_fn),
+        ):
+            if not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        _check_positive_int("cohort_size", cohort_size)
+        if not isinstance(duration, datetime.timedelta) or duration < datetime.timedelta(0):
+            raise ValueError(f"duration must be a timedelta >= 0, got {duration!r}")
+        if max_concurrent is not None:
+            _check_positive_int("max_concurrent", max_concurrent)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        data_source.iterator(0).select(cohort_size, 0)  # a ValueError if too large
+        self._data_source = data_source
+        self._aggregated = aggregated_metrics_manager
+        self._create_state_manager = create_state_manager_fn
+        self._create_process = create_process_fn
+        self._cohort_size = cohort_size
+        self._duration = int(duration.total_seconds())
+        self._clock = clock or SystemClock()
+        self._max_concurrent = max_concurrent
+        self._seed = seed
+        self._bookkeeping: ProgramStateManager | None = None
+        self._in_flight: dict[int, int] = {}
+        self._finished: list[int] = []
+        self._tasks: dict[int, TrackedTask] = {}
+        self._state_managers: dict[int, ProgramStateManager] = {}
+        self._processes: dict[int, tuple[LearningProcess, ReleaseManager]] = {}
+        self._turns: anyio.Semaphore | None = None
+        self._lock: anyio.Lock | None = None
+
+    @property
+    def in_flight(self) -> dict[int, int]:
+        """Train round -> start time (int seconds) of every unfinished evaluation."""
+        return dict(self._in_flight)
+
+    @property
+    def finished(self) -> list[int]:
+        """The train rounds whose evaluation finished, in the order they finished."""
+        return list(self._finished)
+
+    async def resume_from_previous_state(self) -> None:
+        """Resume every evaluation that was in flight when the program last stopped."""
+        async with self._guard():
+            saved, _ = await self._manager_state().load_latest()
+            if saved is not None:
+                self._in_flight = {int(r): int(start) for r, start in saved["in_flight"]}
+                self._finished = [int(r) for r in saved["finished"]]
+            resumable = {}
+            for train_round, start in list(self._in_flight.items()):
+                if train_round in self._tasks:
+                    continue
+                versions = await self._state_manager(train_round).get_versions()
+                if versions:
+                    resumable[train_round] = start
+                else:
+                    await self._state_managers.pop(train_round).aclose()
+                    logger.warning(
+                        "dropping the evaluation of round %d: its state was never saved "
+                        "or was already deleted",
+                        train_round,
+                    )
+                    del self._in_flight[train_round]
+            if len(resumable) != len(self._in_flight) or saved is None:
+                await self._save_bookkeeping()
+        for train_round, start in resumable.items():
+            logger.info("resuming the evaluation of round %d", train_round)
+            await self._fork(train_round, start)
+
+    async def start_evaluation(
+        self, train_round: int, start_timestamp: int, model_weights: Any
+    ) -> None:
+        """Start evaluating ``model_weights`` of ``train_round``; a no-op if started before.
+
+        Returns once the bookkeeping and the evaluation's initial state are saved and
+        the loop has started. ``start_timestamp`` (int seconds) fixes the deadline.
+        """
+        _check_positive_int("train_round", train_round, lowest=0)
+        async with self._guard():
+            if train_round in self._in_flight or train_round in self._finished:
+                return
+            self._in_flight[train_round] = int(start_timestamp)
+            await self._save_bookkeeping()
+            process, _ = self._process(train_round)
+            initial = await as_async(process.initialize)()
+            state = await as_async(process.set_model_weights)(initial, model_weights)
+            checkpoint = {"process_state": state, "evaluation_round": 0, "metrics": None}
+            await self._state_manager(train_round).save(await materialize(checkpoint), 0)
+        await self._fork(train_round, int(start_timestamp))
+
+    async def wait_for_evaluations_to_finish(self) -> None:
+        """Wait for every started evaluation; raise what failed.
+
+        One failure is raised as itself, several as an ExceptionGroup.
+        """
+        failures: list[Exception] = []
+        for train_round, task in list(self._tasks.items()):
+            try:
+                await task.wait()
+            except Exception as error:
+                failures.append(error)
+            self._tasks.pop(train_round, None)
+        if len(failures) == 1:
+            raise failures[0]
+        if failures:
+            raise collapse(ExceptionGroup(f"{len(failures)} evaluations failed", failures))
+
+    async def _fork(self, train_round: int, start: int) -> None:
+        task = await get_context().background.start(
+            self._loop, train_round, start, name=f"evaluation of round {train_round}"
+        )
+        self._tasks[train_round] = task
+
+    async def _loop(
+        self, train_round: int, start: int, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        if self._max_concurrent is not None and self._turns is None:
+            self._turns = anyio.Semaphore(self._max_concurrent)
+        turns = self._turns
+        task_status.started()
+        if turns is None:
+            await self._evaluate(train_round, start)
+        else:
+            async with turns:
+                await self._evaluate(train_round, start)
+
+    async def _evaluate(self, train_round: int, start: int) -> None:
+        process, per_round_metrics = self._process(train_round)
+        state_manager = self._state_manager(train_round)
+        template = {"process_state": await as_async(process.initialize)()}
+        saved, evaluation_round = await state_manager.load_latest(template)
+        state, metrics = saved["process_state"], saved["metrics"]
+        iterator = self._data_source.iterator(evaluation_seed(self._seed, train_round))
+        deadline = start + self._duration
+        run_round = as_async(process.next)
+        while evaluation_round == 0 or int(self._clock.now().timestamp()) < deadline:
+            evaluation_round += 1
+            clients = iterator.select(self._cohort_size, evaluation_round)
+            output = await run_round(state, clients)
+            state, metrics = output.state, await materialize(output.metrics)
+            await per_round_metrics.release(metrics, evaluation_round)
+            checkpoint = {
+                "process_state": state,
+                "evaluation_round": evaluation_round,
+                "metrics": metrics,
+            }
+            await state_manager.save(await materialize(checkpoint), evaluation_round)
+        await self._aggregated.release(metrics, train_round)
+        await state_manager.remove_all()
+        await self._state_managers.pop(train_round).aclose()
+        del self._processes[train_round]
+        async with self._guard():
+            self._in_flight.pop(train_round, None)
+            self._finished.append(train_round)
+            await self._save_bookkeeping()
+        logger.info(
+            "evaluation of round %d finished after %d evaluation rounds",
+            train_round,
+            evaluation_round,
+        )
+
+    def _guard(self) -> anyio.Lock:
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        return self._lock
+
+    def _manager_state(self) -> ProgramStateManager:
+        if self._bookkeeping is None:
+            self._bookkeeping = self._create_state_manager(MANAGER_STATE_NAME)
+        return self._bookkeeping
+
+    def _process(self, train_round: int) -> tuple[LearningProcess, ReleaseManager]:
+        if train_round not in self._processes:
+            self._processes[train_round] = self._create_process(_evaluation_name(train_round))
+        return self._processes[train_round]
+
+    def _state_manager(self, train_round: int) -> ProgramStateManager:
+        if train_round not in self._state_managers:
+            manager = self._create_state_manager(_evaluation_name(train_round))
+            self._state_managers[train_round] = manager
+        return self._state_managers[train_round]
+
+    async def _save_bookkeeping(self) -> None:
+        manager = self._manager_state()
+        versions = await manager.get_versions()
+        state = {
+            "in_flight": [[r, start] for r, start in self._in_flight.items()],
+            "finished": list(self._finished),
+        }
+        await manager.save(state, versions[-1] + 1 if versions else 0)
+
+
+async def evaluate_once(
+    process: LearningProcess,
+    model_weights: Any,
+    clients: Sequence[ClientHandle] | FederatedDataSource,
+) -> Any:
+    """The metrics of one evaluation round of ``model_weights`` on all of ``clients``.
+
+    ``clients`` is a list of client handles, or a data source whose clients are all
+    used (sorted by id). For the common case that needs no forking, no deadline and no
+    state: a held-out federated test set evaluated once.
+    """
+    if not isinstance(clients, Sequence):
+        all_clients = getattr(clients, "all_clients", None)
+        if not callable(all_clients):
+            raise TypeError(
+                "clients must be a sequence of ClientHandle or a data source with "
+                f"all_clients(), got {type(clients).__name__}"
+            )
+        clients = all_clients()
+    initial = await as_async(process.initialize)()
+    state = await as_async(process.set_model_weights)(initial, model_weights)
+    output = await as_async(process.next)(state, sorted(clients))
+    return await materialize(output.metrics)
+
+
+def _check_positive_int(name: str, value: object, lowest: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < lowest:
+        raise ValueError(f"{name} must be >= {lowest}, got {value}")

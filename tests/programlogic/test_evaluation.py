@@ -1,0 +1,400 @@
+import datetime
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from managers import MemoryProgramStateManager, MemoryReleaseManager, ProgramStateManager
+from programlogic import (
+    EvaluationManager,
+    LearningProcessOutput,
+    LocalContext,
+    evaluate_once,
+    train_model,
+)
+from programlogic.testing import (
+    CrashingStateManager,
+    FakeClock,
+    FakeDataSource,
+    FakeLearningProcess,
+    SimulatedCrash,
+)
+
+pytestmark = pytest.mark.anyio
+
+MINUTE = datetime.timedelta(minutes=1)
+
+
+class Store:
+    """The program-state managers of one program, by name, kept across restarts."""
+
+    def __init__(self) -> None:
+        self.managers: dict[str, MemoryProgramStateManager] = {}
+        self.crash: tuple[str, int, bool] | None = None
+
+    def crash_at(self, name: str, version: int, *, after_save: bool = False) -> None:
+        self.crash = (name, version, after_save)
+
+    def __call__(self, name: str) -> ProgramStateManager:
+        inner = self.managers.setdefault(name, MemoryProgramStateManager())
+        if self.crash is not None and self.crash[0] == name:
+            _, version, after_save = self.crash
+            self.crash = None
+            return CrashingStateManager(inner, version, after_save=after_save)
+        return inner
+
+    async def leftover(self) -> dict[str, list[int]]:
+        """Names other than the bookkeeping that still hold versions."""
+        found = {}
+        for name, manager in self.managers.items():
+            versions = await manager.get_versions()
+            if versions and name != "evaluation_manager":
+                found[name] = versions
+        return found
+
+
+class Program:
+    """An evaluation setup whose durable parts survive 'restarts' (new managers)."""
+
+    def __init__(self, clock: FakeClock | None = None, **options: Any) -> None:
+        self.clock = clock or FakeClock()
+        self.start = self.clock.now()
+        self.store = Store()
+        self.aggregated = MemoryReleaseManager()
+        self.per_round: dict[str, MemoryReleaseManager] = {}
+        self.sampled: dict[tuple[str, int], list[str]] = {}
+        self.options = options
+        self.fail_release: tuple[str, int] | None = None
+
+    def create_process(self, name: str):
+        """A fake evaluation process; evaluation round e ends 3e minutes after the start."""
+        program = self
+
+        class Recording(FakeLearningProcess):
+            async def next(self, state, clients):
+                evaluation_round = state["rounds"] + 1
+                program.sampled[(name, evaluation_round)] = [c.client_id for c in clients]
+                finished_at = program.start + evaluation_round * 3 * MINUTE
+                program.clock.set(max(program.clock.now(), finished_at))
+                return await super().next(state, clients)
+
+        metrics = self.per_round.setdefault(name, MemoryReleaseManager())
+        if self.fail_release and self.fail_release[0] == name:
+            failing_key = self.fail_release[1]
+            self.fail_release = None
+            metrics = FailOnce(metrics, failing_key)
+        return Recording(), metrics
+
+    def manager(self, **overrides: Any) -> EvaluationManager:
+        options = {
+            "data_source": FakeDataSource(8),
+            "aggregated_metrics_manager": self.aggregated,
+            "create_state_manager_fn": self.store,
+            "create_process_fn": self.create_process,
+            "cohort_size": 3,
+            "duration": 10 * MINUTE,
+            "clock": self.clock,
+            **self.options,
+        }
+        options.update(overrides)
+        return EvaluationManager(**options)
+
+    def now(self) -> int:
+        return int(self.clock.now().timestamp())
+
+
+class FailOnce(MemoryReleaseManager):
+    def __init__(self, inner: MemoryReleaseManager, key: int) -> None:
+        super().__init__()
+        self.inner, self.key = inner, key
+
+    async def release(self, value: Any, key: int | str) -> None:
+        if key == self.key:
+            self.key = None
+            raise SimulatedCrash(f"crash releasing evaluation round {key}")
+        await self.inner.release(value, key)
+
+
+async def run_to_completion(program: Program, rounds: list[int]) -> None:
+    async with LocalContext():
+        manager = program.manager()
+        await manager.resume_from_previous_state()
+        for train_round in rounds:
+            await manager.start_evaluation(train_round, program.now(), np.full(2, train_round))
+        await manager.wait_for_evaluations_to_finish()
+
+
+async def test_an_evaluation_runs_until_its_deadline_then_releases_and_cleans_up() -> None:
+    program = Program()
+    await run_to_completion(program, [5])
+    per_round = program.per_round["evaluation_of_round_5"].values()
+    assert list(per_round) == [1, 2, 3, 4]  # 3 minutes a round, 10 minute deadline
+    assert list(program.aggregated.values()) == [5]
+    assert program.aggregated.values()[5] == per_round[4]
+    assert await program.store.leftover() == {}
+
+
+async def test_at_least_one_round_runs_even_past_the_deadline() -> None:
+    program = Program(duration=datetime.timedelta(0))
+    await run_to_completion(program, [1])
+    assert list(program.per_round["evaluation_of_round_1"].values()) == [1]
+
+
+async def test_the_weights_under_evaluation_are_those_given() -> None:
+    program = Program()
+    source = FakeDataSource(8)
+    async with LocalContext():
+        manager = program.manager(data_source=source)
+        await manager.start_evaluation(2, program.now(), np.array([7.0, -1.0]))
+        await manager.wait_for_evaluations_to_finish()
+        sampled = program.sampled[("evaluation_of_round_2", 1)]
+        clients = [c for c in source.all_clients() if c.client_id in sampled]
+        clients.sort(key=lambda c: sampled.index(c.client_id))
+        expected = await evaluate_once(FakeLearningProcess(), np.array([7.0, -1.0]), clients)
+    first = program.per_round["evaluation_of_round_2"].values()[1]
+    assert first == expected
+
+
+async def test_starting_a_round_twice_or_after_it_finished_is_a_no_op() -> None:
+    program = Program()
+    async with LocalContext():
+        manager = program.manager()
+        await manager.start_evaluation(3, program.now(), np.zeros(2))
+        await manager.start_evaluation(3, program.now(), np.ones(2))
+        await manager.wait_for_evaluations_to_finish()
+        await manager.start_evaluation(3, program.now(), np.ones(2))
+        await manager.wait_for_evaluations_to_finish()
+    assert manager.finished == [3]
+    assert list(program.per_round["evaluation_of_round_3"].values()) == [1, 2, 3, 4]
+
+
+async def reference_run(rounds: list[int]) -> Program:
+    program = Program()
+    await run_to_completion(program, rounds)
+    return program
+
+
+CRASH_POINTS = [
+    ("evaluation_manager", 0, False),  # the in-flight list is not saved
+    ("evaluation_manager", 0, True),  # saved; the initial state is not
+    ("evaluation_of_round_4", 0, False),  # the initial state is not saved
+    ("evaluation_of_round_4", 0, True),  # saved; the loop has not started
+    ("evaluation_of_round_4", 2, False),  # round 2 released, not saved
+    ("evaluation_of_round_4", 2, True),  # round 2 saved
+    ("evaluation_manager", 1, False),  # released and deleted, not recorded finished
+]
+
+
+@pytest.mark.parametrize(("name", "version", "after_save"), CRASH_POINTS)
+async def test_a_crash_at_any_step_then_resume_finishes_every_evaluation_once(
+    name: str, version: int, after_save: bool
+) -> None:
+    reference = await reference_run([4])
+    program = Program()
+    program.store.crash_at(name, version, after_save=after_save)
+    with pytest.raises(SimulatedCrash):
+        await run_to_completion(program, [4])
+    # The restarted program resumes; train_model would start the round it resumes from again.
+    await run_to_completion(program, [4])
+    assert program.aggregated.values() == reference.aggregated.values()
+    per_round = program.per_round["evaluation_of_round_4"].values()
+    assert per_round == reference.per_round["evaluation_of_round_4"].values()
+    assert await program.store.leftover() == {}
+    async with LocalContext():
+        manager = program.manager()
+        await manager.resume_from_previous_state()
+        assert manager.finished == [4] and manager.in_flight == {}
+
+
+async def test_a_crash_releasing_a_round_then_resume_repeats_that_round_only() -> None:
+    reference = await reference_run([6])
+    program = Program()
+    program.fail_release = ("evaluation_of_round_6", 3)
+    with pytest.raises(SimulatedCrash, match="evaluation round 3"):
+        await run_to_completion(program, [6])
+    assert list(program.per_round["evaluation_of_round_6"].values()) == [1, 2]
+    await run_to_completion(program, [])
+    name = "evaluation_of_round_6"
+    assert program.per_round[name].values() == reference.per_round[name].values()
+    assert program.aggregated.values() == reference.aggregated.values()
+
+
+async def test_a_resumed_evaluation_samples_what_it_would_have_sampled() -> None:
+    reference = await reference_run([2])
+    program = Program()
+    program.store.crash_at("evaluation_of_round_2", 2, after_save=True)
+    with pytest.raises(SimulatedCrash):
+        await run_to_completion(program, [2])
+    await run_to_completion(program, [])
+    assert (
+        program.sampled[("evaluation_of_round_2", 1)]
+        == reference.sampled[("evaluation_of_round_2", 1)]
+    )
+    resumed = [program.sampled[k] for k in sorted(program.sampled) if k[1] > 2]
+    assert (
+        resumed
+        == [reference.sampled[k] for k in sorted(reference.sampled) if k[1] > 2][: len(resumed)]
+    )
+
+
+async def test_deadlines_survive_restarts() -> None:
+    program = Program()
+    program.store.crash_at("evaluation_of_round_1", 1, after_save=True)
+    with pytest.raises(SimulatedCrash):
+        await run_to_completion(program, [1])
+    program.clock.advance(20 * MINUTE)  # the program was down past the deadline
+    await run_to_completion(program, [])
+    assert list(program.per_round["evaluation_of_round_1"].values()) == [1]
+    assert list(program.aggregated.values()) == [1]
+
+
+async def test_a_failing_evaluation_fails_wait_and_leaves_others_running() -> None:
+    program = Program()
+    program.store.crash_at("evaluation_of_round_2", 1, after_save=True)
+    async with LocalContext():
+        manager = program.manager()
+        await manager.start_evaluation(1, program.now(), np.zeros(2))
+        await manager.start_evaluation(2, program.now(), np.zeros(2))
+        with pytest.raises(SimulatedCrash):
+            await manager.wait_for_evaluations_to_finish()
+    assert 1 in program.aggregated.values() and 2 not in program.aggregated.values()
+
+
+async def test_several_failing_evaluations_surface_together() -> None:
+    program = Program()
+
+    def broken(name: str):
+        class Broken(FakeLearningProcess):
+            async def next(self, state, clients):
+                raise ArithmeticError(name)
+
+        return Broken(), MemoryReleaseManager()
+
+    async with LocalContext():
+        manager = program.manager(create_process_fn=broken)
+        await manager.start_evaluation(1, program.now(), np.zeros(2))
+        await manager.start_evaluation(2, program.now(), np.zeros(2))
+        with pytest.raises(ExceptionGroup, match="2 evaluations failed"):
+            await manager.wait_for_evaluations_to_finish()
+
+
+async def test_a_failing_evaluation_fails_train_model() -> None:
+    program = Program()
+    program.store.crash_at("evaluation_of_round_2", 1)
+    async with LocalContext():
+        with pytest.raises(SimulatedCrash):
+            await train_model(
+                train_process=FakeLearningProcess(),
+                train_data_source=FakeDataSource(6),
+                train_per_round_clients=2,
+                train_total_rounds=3,
+                program_state_manager=MemoryProgramStateManager(),
+                model_output_manager=MemoryReleaseManager(),
+                evaluation_manager=program.manager(),
+                clock=program.clock,
+            )
+
+
+async def test_leaving_the_context_cancels_loops_and_keeps_their_state() -> None:
+    program = Program(duration=datetime.timedelta(days=1))
+
+    class Slow(FakeLearningProcess):
+        async def next(self, state, clients):
+            await anyio.sleep(0.01)
+            return await super().next(state, clients)
+
+    async with LocalContext():
+        manager = program.manager(create_process_fn=lambda name: (Slow(), MemoryReleaseManager()))
+        await manager.start_evaluation(1, program.now(), np.zeros(2))
+        await anyio.sleep(0.05)
+    versions = await program.store.managers["evaluation_of_round_1"].get_versions()
+    assert versions and versions[-1] >= 1
+    assert program.aggregated.values() == {}
+
+
+async def test_at_most_max_concurrent_evaluations_run_and_they_run_in_order() -> None:
+    running = peak = 0
+    order: list[str] = []
+    all_started = anyio.Event()
+
+    def counting(name: str):
+        class Counting(FakeLearningProcess):
+            async def next(self, state, clients):
+                nonlocal running, peak
+                running += 1
+                peak = max(peak, running)
+                order.append(name)
+                await all_started.wait()
+                await anyio.sleep(0.001)
+                running -= 1
+                return await super().next(state, clients)
+
+        return Counting(), MemoryReleaseManager()
+
+    program = Program(duration=datetime.timedelta(0), max_concurrent=4)
+    async with LocalContext():
+        manager = program.manager(create_process_fn=counting)
+        for train_round in range(100):
+            await manager.start_evaluation(train_round, program.now(), np.zeros(2))
+        all_started.set()
+        await manager.wait_for_evaluations_to_finish()
+    assert peak == 4
+    assert sorted(program.aggregated.values()) == list(range(100))
+    assert order[:4] == [f"evaluation_of_round_{r}" for r in range(4)]
+
+
+async def test_train_model_forks_evaluations_and_waits_for_them() -> None:
+    program = Program()
+    async with LocalContext():
+        await train_model(
+            train_process=FakeLearningProcess(),
+            train_data_source=FakeDataSource(6),
+            train_per_round_clients=2,
+            train_total_rounds=6,
+            program_state_manager=MemoryProgramStateManager(),
+            model_output_manager=MemoryReleaseManager(),
+            evaluation_manager=program.manager(),
+            evaluation_periodicity=3,
+            clock=program.clock,
+        )
+    assert sorted(program.aggregated.values()) == [0, 3, 6]
+    assert await program.store.leftover() == {}
+
+
+async def test_evaluate_once_uses_every_client_of_a_test_set() -> None:
+    class Counting(FakeLearningProcess):
+        async def next(self, state, clients):
+            output = await super().next(state, clients)
+            return LearningProcessOutput(output.state, {**output.metrics, "clients": len(clients)})
+
+    source = FakeDataSource(7)
+    async with LocalContext():
+        metrics = await evaluate_once(Counting(), np.zeros(2), source)
+        again = await evaluate_once(Counting(), np.zeros(2), source.all_clients())
+    assert metrics["clients"] == 7
+    assert metrics["client_work"]["train"]["num_examples"] == 35
+    assert metrics == again
+    with pytest.raises(TypeError, match="all_clients"):
+        await evaluate_once(Counting(), np.zeros(2), object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        ({"cohort_size": 0}, ValueError, "cohort_size must be >= 1"),
+        ({"cohort_size": 9}, ValueError, "cannot select 9 distinct clients"),
+        ({"cohort_size": 2.0}, TypeError, "cohort_size must be an int"),
+        ({"max_concurrent": 0}, ValueError, "max_concurrent must be >= 1"),
+        ({"duration": -MINUTE}, ValueError, "duration must be a timedelta >= 0"),
+        ({"data_source": {}}, TypeError, "data_source must be a FederatedDataSource"),
+        ({"aggregated_metrics_manager": None}, TypeError, "aggregated_metrics_manager"),
+        ({"create_process_fn": 3}, TypeError, "create_process_fn must be callable"),
+        ({"seed": -1}, ValueError, "seed must be an int >= 0"),
+    ],
+)
+async def test_bad_arguments_are_rejected(
+    overrides: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        Program().manager(**overrides)
