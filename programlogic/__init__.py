@@ -24,6 +24,7 @@ from programlogic.exceptions import (
     ResumeError,
 )
 from programlogic.process import LearningProcess, LearningProcessOutput, as_async
+from programlogic.stopping import PatienceStopping, SpeechTrainerStopping, StoppingPolicy
 from programlogic.tasks import TaskTracker, TrackedTask
 from programlogic.training import (
     EvaluationManagerProtocol,
@@ -48,10 +49,13 @@ __all__ = [
     "LearningProcessOutput",
     "LocalContext",
     "NoFederatedContextError",
+    "PatienceStopping",
     "ProgramLogicError",
     "ResumeError",
     "Sampling",
+    "SpeechTrainerStopping",
     "StopReason",
+    "StoppingPolicy",
     "SystemClock",
     "TaskTracker",
     "TrackedTask",

@@ -19,6 +19,7 @@ from programlogic.context import get_context
 from programlogic.data import FederatedDataSource
 from programlogic.exceptions import ResumeError
 from programlogic.process import LearningProcess, as_async
+from programlogic.stopping import StoppingPolicy
 from programlogic.tasks import task_group
 
 __all__ = [
@@ -57,7 +58,9 @@ class StopReason(enum.StrEnum):
     COMPLETED = "completed"
     """This run trained up to ``train_total_rounds``."""
     ALREADY_COMPLETED = "already_completed"
-    """The program state already held round ``train_total_rounds``; nothing was trained."""
+    """The program state already held the last round; nothing was trained."""
+    EARLY_STOPPED = "early_stopped"
+    """The stopping policy stopped training before ``train_total_rounds``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,8 @@ async def train_model(
     evaluation_periodicity: int | datetime.timedelta = 1,
     seed: int = 0,
     clock: Clock | None = None,
+    stopping: StoppingPolicy | None = None,
+    stopping_waits_for_evaluations: bool = False,
 ) -> TrainingResult:
     """Train ``train_process`` for ``train_total_rounds`` rounds, resuming where it stopped.
 
@@ -116,6 +121,14 @@ async def train_model(
     version 0 before round 1 starts. After the last round, the final model weights are
     released to ``model_output_manager`` with key :func:`final_model_key`, and
     ``train_model`` waits for the evaluations to finish.
+
+    Early stopping: with a ``stopping`` policy (:mod:`programlogic.stopping`), after
+    each round's ``next`` the policy is asked whether to stop; if so, that round is the
+    last: it is saved (marked as stopped, so a rerun does not train on), evaluated,
+    and its model released as the final one. With
+    ``stopping_waits_for_evaluations=True``, every evaluation started before the round
+    finishes before the policy is asked, which makes the stop round reproducible
+    across restarts at the price of the overlap between evaluation and training.
 
     Resuming: the newest version of ``program_state_manager`` is loaded; its round's
     metrics are released again and its evaluation started again (releases are
@@ -144,6 +157,8 @@ async def train_model(
         evaluation_periodicity=evaluation_periodicity,
         seed=seed,
         clock=clock,
+        stopping=stopping,
+        stopping_waits_for_evaluations=stopping_waits_for_evaluations,
     )
     iterator = train_data_source.iterator(seed)
     try:
@@ -184,16 +199,20 @@ async def train_model(
             checkpoint = loaded
             state, first_round = loaded["train_state"], loaded_round + 1
             await program.release_round(checkpoint)
+            program.persisted_round = loaded_round
         last_evaluation = checkpoint["evaluation"]["last_time"]
+        stopped = bool(checkpoint.get("stopped"))
+        last_round = checkpoint["round"]
 
         # The persister saves and releases one round while the loop computes the next;
         # an unbuffered stream holds the loop back until the previous round is taken.
         next_round = as_async(train_process.next)
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
-        persisted = anyio.Event()
-        group.start_soon(program.persist_each, receive, persisted, name="persist rounds")
+        group.start_soon(program.persist_each, receive, name="persist rounds")
         async with send:
             for round_num in range(first_round, train_total_rounds + 1):
+                if stopped:
+                    break
                 clients = iterator.select(train_per_round_clients, round_num)
                 output = await next_round(state, clients)
                 if not (hasattr(output, "state") and hasattr(output, "metrics")):
@@ -201,25 +220,35 @@ async def train_model(
                         "train_process.next must return a LearningProcessOutput(state, "
                         f"metrics), got {type(output).__name__}"
                     )
-                state = output.state
-                checkpoint = program.checkpoint(state, round_num, output.metrics, last_evaluation)
+                state, last_round = output.state, round_num
+                if stopping is not None:
+                    if stopping_waits_for_evaluations:
+                        await program.wait_until_persisted(round_num - 1)
+                        if evaluation_manager is not None:
+                            await evaluation_manager.wait_for_evaluations_to_finish()
+                    stopped = await stopping.should_stop()
+                    if stopped:
+                        logger.info("the stopping policy stopped training at round %d", round_num)
+                checkpoint = program.checkpoint(
+                    state, round_num, output.metrics, last_evaluation, stopped=stopped
+                )
                 last_evaluation = checkpoint["evaluation"]["last_time"]
                 await send.send(checkpoint)
-        await persisted.wait()
+        await program.wait_until_persisted(last_round)
 
         weights = await as_async(train_process.get_model_weights)(state)
-        await model_output_manager.release(weights, final_model_key(train_total_rounds))
+        await model_output_manager.release(weights, final_model_key(last_round))
 
     if evaluation_manager is not None:
         await evaluation_manager.wait_for_evaluations_to_finish()
-    reason = (
-        StopReason.ALREADY_COMPLETED if first_round > train_total_rounds else StopReason.COMPLETED
-    )
+    if stopped:
+        reason = StopReason.EARLY_STOPPED
+    elif first_round > train_total_rounds:
+        reason = StopReason.ALREADY_COMPLETED
+    else:
+        reason = StopReason.COMPLETED
     return TrainingResult(
-        state=state,
-        round_num=train_total_rounds,
-        stop_reason=reason,
-        resumed_from=resumed_from,
+        state=state, round_num=last_round, stop_reason=reason, resumed_from=resumed_from
     )
 
 
@@ -235,15 +264,23 @@ class _Program:
     total_rounds: int
     clock: Clock
     config: dict[str, Any]
+    persisted_round: int = -1
+    progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
 
     def checkpoint(
-        self, state: Any, round_num: int, metrics: Any, last_evaluation: int | None
+        self,
+        state: Any,
+        round_num: int,
+        metrics: Any,
+        last_evaluation: int | None,
+        *,
+        stopped: bool = False,
     ) -> dict[str, Any]:
         """The program state saved for ``round_num``; decides whether it is evaluated."""
         due = False
         if self.evaluation_manager is not None:
             now = int(self.clock.now().timestamp())
-            if round_num in (0, self.total_rounds):
+            if round_num in (0, self.total_rounds) or stopped:
                 due = True
             elif isinstance(self.periodicity, int):
                 due = round_num % self.periodicity == 0
@@ -259,6 +296,7 @@ class _Program:
             "round": round_num,
             "metrics": metrics,
             "evaluation": {"due": due, "last_time": last_evaluation},
+            "stopped": stopped,
             **self.config,
         }
 
@@ -270,15 +308,20 @@ class _Program:
         )
         await self.state_manager.save(checkpoint, checkpoint["round"])
         await self.release_round(checkpoint)
+        self.persisted_round = checkpoint["round"]
+        self.progress.set()
+        self.progress = anyio.Event()
 
-    async def persist_each(
-        self, checkpoints: MemoryObjectReceiveStream[dict[str, Any]], done: anyio.Event
-    ) -> None:
-        """Persist the checkpoints in the order they arrive; set ``done`` after the last."""
+    async def persist_each(self, checkpoints: MemoryObjectReceiveStream[dict[str, Any]]) -> None:
+        """Persist the checkpoints in the order they arrive."""
         async with checkpoints:
             async for checkpoint in checkpoints:
                 await self.persist(checkpoint)
-        done.set()
+
+    async def wait_until_persisted(self, round_num: int) -> None:
+        """Wait until round ``round_num`` (or a later one) is saved and released."""
+        while self.persisted_round < round_num:
+            await self.progress.wait()
 
     async def release_round(self, checkpoint: dict[str, Any]) -> None:
         """Release a saved round's metrics and start its evaluation if it was due."""
@@ -384,6 +427,16 @@ def _check_arguments(**arguments: Any) -> int | datetime.timedelta:
         raise TypeError(
             "evaluation_manager must have resume_from_previous_state, start_evaluation and "
             f"wait_for_evaluations_to_finish, got {type(evaluation_manager).__name__}"
+        )
+    stopping = arguments["stopping"]
+    if stopping is not None and not callable(getattr(stopping, "should_stop", None)):
+        raise TypeError(
+            f"stopping must be a StoppingPolicy (with should_stop()), got {type(stopping).__name__}"
+        )
+    if not isinstance(arguments["stopping_waits_for_evaluations"], bool):
+        raise TypeError(
+            "stopping_waits_for_evaluations must be a bool, got "
+            f"{arguments['stopping_waits_for_evaluations']!r}"
         )
     clock = arguments["clock"]
     if clock is not None and not callable(getattr(clock, "now", None)):

@@ -9,7 +9,9 @@ import programlogic.testing
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.parametrize("module", [programlogic, managers, programlogic.testing])
+@pytest.mark.parametrize(
+    "module", [programlogic, managers, programlogic.testing, programlogic.tasks]
+)
 async def test_all_is_sorted_and_every_name_resolves(module) -> None:
     assert module.__all__ == sorted(module.__all__)
     for name in module.__all__:
@@ -38,8 +40,10 @@ async def test_every_public_class_and_function_of_the_package_is_exported() -> N
         programlogic.context,
         programlogic.contexts.local,
         programlogic.data,
+        programlogic.evaluation,
         programlogic.exceptions,
         programlogic.process,
+        programlogic.stopping,
         programlogic.training,
     ]
     for module in modules:
@@ -50,7 +54,7 @@ async def test_every_public_class_and_function_of_the_package_is_exported() -> N
 
 
 async def test_every_public_name_has_a_docstring() -> None:
-    for module in (programlogic, managers, programlogic.testing):
+    for module in (programlogic, managers, programlogic.testing, programlogic.tasks):
         for name in module.__all__:
             value = getattr(module, name)
             if inspect.isclass(value) or inspect.isfunction(value):
