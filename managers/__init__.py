@@ -6,23 +6,46 @@ and :mod:`managers.structure` / :mod:`managers.values` handle the nested structu
 value references they store. Nothing here imports ``programlogic``.
 """
 
+from managers.clock import Clock, SystemClock
 from managers.exceptions import (
     ManagerError,
     VersionError,
     VersionExistsError,
     VersionNotFoundError,
 )
-from managers.release import MemoryReleaseManager, ReleaseKey, ReleaseManager
+from managers.release import (
+    CSVFileReleaseManager,
+    DelayedReleaseManager,
+    FilteringReleaseManager,
+    GroupingReleaseManager,
+    JSONLinesReleaseManager,
+    LoggingReleaseManager,
+    MemoryReleaseManager,
+    ModelFileReleaseManager,
+    PeriodicReleaseManager,
+    ReleaseKey,
+    ReleaseManager,
+)
 from managers.state import MemoryProgramStateManager, ProgramStateManager
 from managers.values import ValueReference, materialize
 
 __all__ = [
+    "CSVFileReleaseManager",
+    "Clock",
+    "DelayedReleaseManager",
+    "FilteringReleaseManager",
+    "GroupingReleaseManager",
+    "JSONLinesReleaseManager",
+    "LoggingReleaseManager",
     "ManagerError",
     "MemoryProgramStateManager",
     "MemoryReleaseManager",
+    "ModelFileReleaseManager",
+    "PeriodicReleaseManager",
     "ProgramStateManager",
     "ReleaseKey",
     "ReleaseManager",
+    "SystemClock",
     "ValueReference",
     "VersionError",
     "VersionExistsError",

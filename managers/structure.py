@@ -13,7 +13,8 @@ Everything else is a leaf: Python scalars, ``str``, ``bytes``, ``None``, numpy s
 and arrays, tensors, value references.
 
 A leaf's *path* joins the keys from the root to it with ``/``: ``client_work/train/loss``.
-List and tuple positions are written as decimal numbers (``weights/0``). The root leaf
+List and tuple positions are written as decimal numbers (``weights/0``); NamedTuple
+and dataclass members by their field names (``metrics/loss``). The root leaf
 of a structure that is itself a leaf has the path ``""``. Paths are what metric names,
 CSV columns and TensorBoard tags are made of.
 
@@ -133,6 +134,8 @@ def _children(container: Any, path: str) -> Iterator[tuple[str, Any]]:
                     f"key {key!r} {where}"
                 )
             yield key, child
+    elif hasattr(container, "_fields") and isinstance(container, tuple):
+        yield from zip(container._fields, container, strict=True)
     elif isinstance(container, list | tuple):
         for index, child in enumerate(container):
             yield str(index), child

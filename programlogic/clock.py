@@ -1,24 +1,8 @@
-"""Clocks: where program logic reads the time, so tests can drive it."""
+"""Clocks: where program logic reads the time, so tests can drive it.
 
-from __future__ import annotations
+The same classes as :mod:`managers.clock`, under programlogic's name.
+"""
 
-import datetime
-from typing import Protocol, runtime_checkable
+from managers.clock import Clock, SystemClock
 
 __all__ = ["Clock", "SystemClock"]
-
-
-@runtime_checkable
-class Clock(Protocol):
-    """A source of the current time as a timezone-aware ``datetime``."""
-
-    def now(self) -> datetime.datetime:
-        """The current time."""
-        ...
-
-
-class SystemClock:
-    """The wall clock, in UTC."""
-
-    def now(self) -> datetime.datetime:
-        return datetime.datetime.now(datetime.UTC)

@@ -94,8 +94,8 @@ async def test_flatten_tuple_uses_positions():
     assert flatten((10, (20, 30))) == [("0", 10), ("1/0", 20), ("1/1", 30)]
 
 
-async def test_flatten_namedtuple_uses_positions():
-    assert flatten({"p": Point(1.0, 2.0)}) == [("p/0", 1.0), ("p/1", 2.0)]
+async def test_flatten_namedtuple_uses_field_names():
+    assert flatten({"p": Point(1.0, 2.0)}) == [("p/x", 1.0), ("p/y", 2.0)]
 
 
 async def test_flatten_dataclass_uses_field_names_in_declaration_order():
@@ -291,7 +291,7 @@ async def test_map_with_paths_passes_each_leaf_path():
     mapped = map_with_paths(lambda path, leaf: f"{path}={leaf}", structure)
     assert mapped == {
         "b": {"x": "b/x=1"},
-        "a": ["a/0=2", Point("a/1/0=3", "a/1/1=4")],
+        "a": ["a/0=2", Point("a/1/x=3", "a/1/y=4")],
         "opt": Optimizer("opt/lr=5", "opt/momentum=6"),
     }
     assert type(mapped["a"][1]) is Point

@@ -1,0 +1,115 @@
+"""A release manager that releases every value to several managers at once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.values import materialize
+
+__all__ = ["GroupingReleaseManager"]
+
+
+class GroupingReleaseManager(ReleaseManager):
+    """Releases each value to every one of ``managers``, concurrently.
+
+    The value is materialized once and each manager receives the same plain value (so
+    managers must not mutate it). The releases run in tasks of one anyio task group; a
+    manager that fails does not cancel the others, so when ``release`` raises, the healthy
+    managers hold the value. Then every failure is raised: a single one as itself, several
+    as an ``ExceptionGroup`` in the order of ``managers``.
+
+    Idempotent by key as far as its managers are. When releases of one key overlap, the
+    last call wins: a call whose value is ready only after a later call of the same key
+    was handed on is dropped, and calls of one key are handed on one at a time, so every
+    manager receives them in call order. Releases of different keys run concurrently.
+
+    ``aclose`` closes every manager, concurrently, raising failures as ``release`` does.
+    An empty group releases nothing, though it still checks keys and materializes values.
+    """
+
+    def __init__(self, managers: Iterable[ReleaseManager]) -> None:
+        if isinstance(managers, ReleaseManager) or not isinstance(managers, Iterable):
+            raise TypeError(
+                f"managers must be an iterable of ReleaseManager, got {type(managers).__name__}"
+            )
+        managers = tuple(managers)
+        for index, manager in enumerate(managers):
+            if not isinstance(manager, ReleaseManager):
+                raise TypeError(
+                    f"managers[{index}] must be a ReleaseManager, "
+                    f"got {type(manager).__name__} {manager!r}"
+                )
+        self._managers = managers
+        self._calls = 0
+        self._turns: dict[ReleaseKey, _Turn] = {}  # only keys being released
+
+    @property
+    def managers(self) -> tuple[ReleaseManager, ...]:
+        """The managers released to, in the order given."""
+        return self._managers
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        check_key(key)
+        self._calls += 1
+        call = self._calls
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = _Turn()
+        turn.users += 1
+        try:
+            plain = await materialize(value)
+            async with turn.lock:
+                if turn.handed_on > call:
+                    return  # a later release of this key was handed on
+                turn.handed_on = call
+                await _run_all(
+                    [_bind(manager.release, plain, key) for manager in self._managers],
+                    f"release key {key!r}",
+                )
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._turns[key]
+
+    async def aclose(self) -> None:
+        await _run_all([manager.aclose for manager in self._managers], "close")
+
+
+@dataclass
+class _Turn:
+    """The calls in flight for one key."""
+
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    handed_on: int = 0  # the latest call handed on to the managers
+    users: int = 0  # calls in flight
+
+
+def _bind(function: Callable[..., Awaitable[None]], *args: Any) -> Callable[[], Awaitable[None]]:
+    return lambda: function(*args)
+
+
+async def _run_all(operations: list[Callable[[], Awaitable[None]]], action: str) -> None:
+    """Run ``operations`` concurrently to their ends; then raise what they raised."""
+    failures: list[Exception | None] = [None] * len(operations)
+
+    async def run(index: int) -> None:
+        try:
+            await operations[index]()
+        except Exception as error:  # kept, so that the siblings are not cancelled
+            failures[index] = error
+
+    async with anyio.create_task_group() as group:
+        for index in range(len(operations)):
+            group.start_soon(run, index)
+    errors = [error for error in failures if error is not None]
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup(
+            f"{len(errors)} of {len(operations)} release managers failed to {action}", errors
+        )

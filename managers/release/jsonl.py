@@ -1,0 +1,275 @@
+"""Released values as the lines of a JSON lines file: a JSON object per key."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import orjson
+
+from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.structure import flatten
+from managers.values import materialize
+
+__all__ = ["JSONLinesReleaseManager"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class JSONLinesReleaseManager(ReleaseManager):
+    """Writes released values to a JSON lines file, one line per key.
+
+    A program that releases ``{"train": {"loss": 0.5}, "weights": np.array([1.0, 2.0])}``
+    for round 1 and ``"done"`` under ``"status"`` gets this file (UTF-8, compact JSON, each
+    line ending in ``\\n``)::
+
+        {"key":1,"value":{"train":{"loss":0.5},"weights":[1.0,2.0]}}
+        {"key":"status","value":"done"}
+
+    - Each line is an object with ``"key"`` (a JSON number for an int key, a string for a
+      str key, so the two never mix up) and ``"value"``, the released structure with its
+      nesting kept: dicts (in their order) and dataclasses as objects, lists, tuples and
+      NamedTuples as arrays (as :mod:`managers.structure` names their leaves by position).
+    - Leaves are written by orjson: numbers, str, bool and ``None`` as JSON; numpy scalars
+      as numbers (float32 in the shortest form that reads back as the same float32);
+      numpy arrays, and anything with ``__array__``, as nested arrays. NaN and infinities
+      become ``null``, since JSON has no such numbers. Ints beyond 64 bits, bytes, complex
+      numbers and other objects raise ``TypeError`` naming the path; nothing is written.
+    - Lines are in the order keys were first released; releasing a key again replaces
+      its line in place.
+
+    Writes cost what they must: a new key is appended in one write (the file is not read
+    or rewritten); releasing a key again with an unchanged line writes nothing; a changed
+    line rewrites the file atomically (a temporary file in the same directory, fsynced,
+    renamed over the file, directory fsynced), so a crash leaves the old file or the new
+    one. Appends are not fsynced: they reach the operating system before ``release``
+    returns, which survives a crash of the program but not necessarily of the machine.
+
+    On its first release the manager reads the file if it exists (this is how a restarted
+    program continues it): its lines are kept, keys released again replace their lines,
+    new keys are appended. A line that is not such an object raises ``ValueError`` naming
+    it, except an unfinished last line (the remains of an interrupted write), which is
+    dropped with a warning; a key found more than once keeps its last line. Either way the
+    next release rewrites the file. Missing parent directories are created.
+
+    Releases may overlap; their writes are made one at a time, in worker threads (the event
+    loop is never blocked on the disk). When releases of one key overlap, the last call
+    wins among those that succeed. A release that fails leaves the other lines as they
+    were. ``aclose`` closes the file; a later release reads it again.
+    """
+
+    def __init__(self, file_path: str | os.PathLike[str]) -> None:
+        self._path = Path(file_path)
+        self._lock: anyio.Lock | None = None
+        self._calls = 0
+        self._forget()
+
+    @property
+    def file_path(self) -> Path:
+        """The JSON lines file written."""
+        return self._path
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        check_key(key)
+        self._calls += 1
+        call = self._calls
+        line = _encode(key, await materialize(value))
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if not self._loaded:
+                await self._load()
+            row = self._rows.get(key)
+            if row is not None:
+                if row.call > call:
+                    return  # a later release of this key has been written
+                if row.line == line and not self._must_rewrite:
+                    row.call = call
+                    return
+            if row is None and not self._must_rewrite:
+                await self._write(_append, self._file, line + b"\n")
+            else:
+                self._file = await self._write(
+                    _replace, self._path, self._text, key, line, self._file
+                )
+                self._must_rewrite = False
+            self._rows[key] = _Row(line, call)
+
+    async def aclose(self) -> None:
+        if self._lock is None:
+            return
+        async with self._lock:
+            file = self._file
+            self._forget()
+            if file is not None:
+                await anyio.to_thread.run_sync(file.close)
+
+    def _forget(self) -> None:
+        """Drop what was read from the file, so that the next release reads it again."""
+        self._loaded = False
+        self._rows: dict[ReleaseKey, _Row] = {}
+        self._file: io.FileIO | None = None  # open for appending
+        self._must_rewrite = False
+
+    async def _load(self) -> None:
+        lines, self._must_rewrite = await anyio.to_thread.run_sync(_read, self._path)
+        self._rows = {key: _Row(line, 0) for key, line in lines.items()}
+        if not self._must_rewrite:
+            self._file = await anyio.to_thread.run_sync(_open_for_append, self._path)
+        self._loaded = True
+
+    async def _write(self, function: Callable[..., _T], *args: Any) -> _T:
+        try:
+            return await anyio.to_thread.run_sync(function, *args)
+        except BaseException:
+            # The file may hold part of this write; the lines in memory are what it should
+            # hold, so the next release rewrites it from them.
+            self._must_rewrite = True
+            raise
+
+    def _text(self, key: ReleaseKey, line: bytes) -> bytes:
+        """The whole file, with ``key``'s line being ``line``; run in a worker thread."""
+        lines = [line if row_key == key else row.line for row_key, row in self._rows.items()]
+        if key not in self._rows:
+            lines.append(line)
+        lines.append(b"")
+        return b"\n".join(lines)
+
+
+@dataclass(slots=True)
+class _Row:
+    line: bytes  # without its line end
+    call: int  # the release call that wrote the line; 0 when read from the file
+
+
+def _encode(key: ReleaseKey, value: Any) -> bytes:
+    try:
+        return orjson.dumps({"key": key, "value": value}, option=_OPTIONS, default=_default)
+    except TypeError as error:
+        for path, leaf in flatten(value):
+            try:
+                orjson.dumps(leaf, option=_OPTIONS, default=_default)
+            except TypeError:
+                raise TypeError(
+                    f"the leaf at path {path!r}, a {type(leaf).__name__}, cannot be written "
+                    f"as JSON: {error}"
+                ) from error
+        raise
+
+
+def _default(value: Any) -> Any:
+    """What orjson writes for a value it does not know."""
+    if isinstance(value, tuple):  # NamedTuples
+        return list(value)
+    if isinstance(value, np.ndarray):  # 0-d, strided, or of a dtype orjson does not take
+        return value.tolist()
+    if hasattr(value, "__array__"):
+        return np.asarray(value)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _read(path: Path) -> tuple[dict[ReleaseKey, bytes], bool]:
+    """``(lines by key, must_rewrite)`` of the file at ``path``; nothing if it is absent."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return {}, True  # the first write creates it, with its directory
+    lines = data.split(b"\n")
+    tail = lines.pop()  # empty when the file ends with a line end
+    must_rewrite = False
+    if tail:
+        must_rewrite = True
+        try:
+            orjson.loads(tail)
+        except orjson.JSONDecodeError:
+            logger.warning("dropping the unfinished last line of %s: %r", path, tail)
+        else:
+            lines.append(tail)
+    found: dict[ReleaseKey, bytes] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        key = _key_of(line, number, path)
+        if key in found:
+            logger.warning("%s holds key %r more than once; keeping its last line", path, key)
+            must_rewrite = True
+        found[key] = line
+    return found, must_rewrite
+
+
+def _key_of(line: bytes, number: int, path: Path) -> ReleaseKey:
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        raise ValueError(f"line {number} of {str(path)!r} is not JSON: {error}") from None
+    key = record.get("key") if isinstance(record, dict) else None
+    if (
+        not isinstance(record, dict)
+        or "value" not in record
+        or isinstance(key, bool)
+        or not isinstance(key, int | str)
+    ):
+        raise ValueError(
+            f'line {number} of {str(path)!r} is not an object with "key" (an int or a str) '
+            f'and "value": {line[:80]!r}'
+        )
+    return key
+
+
+def _open_for_append(path: Path) -> io.FileIO:
+    return io.FileIO(path, "a")
+
+
+def _append(file: io.FileIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view) :]
+
+
+def _replace(
+    path: Path,
+    text: Callable[[ReleaseKey, bytes], bytes],
+    key: ReleaseKey,
+    line: bytes,
+    old_file: io.FileIO | None,
+) -> io.FileIO:
+    """Rewrite ``path`` atomically with ``text(key, line)``; the new append file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "xb") as file:
+            file.write(text(key, line))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    new_file = _open_for_append(path)
+    if old_file is not None:
+        old_file.close()  # it points at the file just replaced
+    return new_file
+
+
+def _fsync_directory(directory: Path) -> None:
+    if os.name != "posix":
+        return  # directories cannot be opened for fsync elsewhere
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
