@@ -26,13 +26,21 @@ from managers.release import (
     ReleaseKey,
     ReleaseManager,
 )
-from managers.state import MemoryProgramStateManager, ProgramStateManager
+from managers.release.tensorboard import TensorBoardReleaseManager
+from managers.serialization import SerializationError
+from managers.state import (
+    FileProgramStateManager,
+    MemoryProgramStateManager,
+    ProgramStateManager,
+    StateDirectoryLockedError,
+)
 from managers.values import ValueReference, materialize
 
 __all__ = [
     "CSVFileReleaseManager",
     "Clock",
     "DelayedReleaseManager",
+    "FileProgramStateManager",
     "FilteringReleaseManager",
     "GroupingReleaseManager",
     "JSONLinesReleaseManager",
@@ -45,7 +53,10 @@ __all__ = [
     "ProgramStateManager",
     "ReleaseKey",
     "ReleaseManager",
+    "SerializationError",
+    "StateDirectoryLockedError",
     "SystemClock",
+    "TensorBoardReleaseManager",
     "ValueReference",
     "VersionError",
     "VersionExistsError",

@@ -1,6 +1,12 @@
 """Program-state managers: the abstract base and its implementations."""
 
 from managers.state.base import ProgramStateManager
+from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
 from managers.state.memory import MemoryProgramStateManager
 
-__all__ = ["MemoryProgramStateManager", "ProgramStateManager"]
+__all__ = [
+    "FileProgramStateManager",
+    "MemoryProgramStateManager",
+    "ProgramStateManager",
+    "StateDirectoryLockedError",
+]

@@ -23,6 +23,7 @@ from managers import (
     VersionExistsError,
     VersionNotFoundError,
 )
+from managers.state.file import FileProgramStateManager
 
 pytestmark = pytest.mark.anyio
 
@@ -30,6 +31,7 @@ StateManagerFactory = Callable[[], ProgramStateManager]
 
 STATE_MANAGER_FACTORIES = [
     pytest.param(lambda tmp_path: MemoryProgramStateManager(), id="memory"),
+    pytest.param(lambda tmp_path: FileProgramStateManager(tmp_path / "state"), id="file"),
 ]
 
 

@@ -1,0 +1,403 @@
+"""Program state kept in files, a file per version, durable across crashes.
+
+On disk, in ``root_dir``::
+
+    program_state_12.plstate             version 12 (``{prefix}{version}.plstate``) in
+                                         the codec of managers.serialization
+    .program_state_13.plstate.tmp-1f2e   a save in progress, or cut short by a crash
+    .retired_program_state_7.plstate.tmp-9a0b
+                                         a version deleted by retention, kept as a spare
+                                         file that a later save overwrites (at most two)
+    program_state_9.plstate.unreadable   a damaged version that load_latest moved aside
+    .plstate.lock                        locked (flock) by the manager using the directory
+
+A save writes its payload to a temporary file in the same directory (a new one, or a
+spare), fsyncs it, renames it to its version's name (``os.replace``, atomic) and fsyncs
+the directory; only then does retention retire old versions. A crash at any instant,
+a killed process or a power cut, therefore leaves each version either complete or
+absent, and the version just written never depends on an older one. Temporary files
+are removed when a manager next opens the directory. A save that fails (a full disk)
+removes its temporary file and the spares before raising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import secrets
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import numpy as np
+
+from managers.exceptions import ManagerError, VersionNotFoundError
+from managers.serialization import SerializationError, dumps_buffers, loads
+from managers.state.base import ProgramStateManager, check_version
+
+__all__ = ["FileProgramStateManager", "StateDirectoryLockedError"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".plstate"
+_TEMPORARY_MARK = f"{_SUFFIX}.tmp-"
+_LOCK_NAME = ".plstate.lock"
+_MAX_SPARES = 2  # a save takes one and retires one; the newest is not yet durable
+
+_T = TypeVar("_T")
+
+
+class StateDirectoryLockedError(ManagerError):
+    """Another program-state manager (in this or another process) uses the directory."""
+
+
+class FileProgramStateManager(ProgramStateManager):
+    """Saves each version of a program's state to its own file in ``root_dir``.
+
+    Arguments:
+        root_dir: the directory of the versions; created when first used.
+        prefix: the start of every version's file name, ``{prefix}{version}.plstate``.
+        keep_total: after each save, keep the newest ``keep_total`` versions (``None``
+            keeps every version) ...
+        keep_first: ... plus the first (lowest) version ...
+        keep_every: ... plus every version divisible by ``keep_every``. The version just
+            saved is always kept.
+
+    The directory is opened on the first call, off the event loop: the manager creates
+    it, takes an exclusive lock on it (a second manager on the same directory, in this
+    process or another, raises :class:`StateDirectoryLockedError`) and removes the
+    temporary files an interrupted save left. :meth:`aclose` releases the lock; a call
+    after it opens the directory again.
+
+    Saving is crash-safe (see the module docstring). The lossless codec of
+    :mod:`managers.serialization` stores the state, with a checksum that ``load``
+    verifies: loading a damaged version raises
+    :class:`~managers.serialization.SerializationError` naming the file, and
+    :meth:`load_latest` skips a damaged newest version, logs a warning and renames it
+    to ``{name}.unreadable`` (kept, no longer listed), so the resumed program can save
+    that version again.
+
+    Each call runs in one worker thread (encode, write, fsync, rename, directory fsync
+    and retention for a save); calls on one instance are serialized. A cancelled call
+    whose thread has started waits for it to finish before the cancellation is raised:
+    a cancelled save has then either saved its version completely or, when it was
+    cancelled before its thread started, not at all. Do not mutate the state while its
+    save is in flight: its arrays are written from the thread, without a copy.
+
+    Example::
+
+        async with FileProgramStateManager("/checkpoints/run1", keep_total=3) as manager:
+            state, version = await manager.load_latest(initial_state)
+            if state is None:
+                state = initial_state
+            ...
+            await manager.save(state, version + 1)
+    """
+
+    def __init__(
+        self,
+        root_dir: str | os.PathLike[str],
+        *,
+        prefix: str = "program_state_",
+        keep_total: int | None = 5,
+        keep_first: bool = True,
+        keep_every: int | None = None,
+    ) -> None:
+        if not isinstance(root_dir, str | os.PathLike):
+            raise TypeError(
+                f"root_dir must be a str or os.PathLike, got {type(root_dir).__name__} {root_dir!r}"
+            )
+        if not os.fspath(root_dir):
+            raise ValueError("root_dir must not be empty")
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, got {type(prefix).__name__} {prefix!r}")
+        if prefix.startswith(".") or any(char in prefix for char in ("/", os.sep, "\0")):
+            raise ValueError(
+                f"prefix must be a plain file-name start (no '/', not starting with '.'), "
+                f"got {prefix!r}"
+            )
+        _check_count("keep_total", keep_total)
+        if not isinstance(keep_first, bool):
+            raise TypeError(
+                f"keep_first must be a bool, got {type(keep_first).__name__} {keep_first!r}"
+            )
+        _check_count("keep_every", keep_every)
+        self._root = Path(root_dir)
+        self._prefix = prefix
+        self._keep_total = keep_total
+        self._keep_first = keep_first
+        self._keep_every = keep_every
+        self._thread_lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self._release_lock: weakref.finalize | None = None
+        self._spares: list[Path] = []  # retired files whose rename is durable
+        self._new_spares: list[Path] = []  # retired since the last directory fsync
+
+    @property
+    def root_dir(self) -> Path:
+        """The directory holding the versions."""
+        return self._root
+
+    async def save(self, state: Any, version: int) -> None:
+        await self._run(self._save, state, version)
+
+    async def load(self, version: int, structure: Any = None) -> Any:
+        return await self._run(self._load, version, structure)
+
+    async def load_latest(self, structure: Any = None) -> tuple[Any, int]:
+        return await self._run(self._load_latest, structure)
+
+    async def get_versions(self) -> list[int]:
+        return await self._run(self._versions)
+
+    async def remove(self, version: int) -> None:
+        await self._run(self._remove, version)
+
+    async def remove_all(self) -> None:
+        await self._run(self._remove_all)
+
+    async def aclose(self) -> None:
+        # Synchronous on purpose: closing the lock's descriptor does not block, and an
+        # aclose in a cancelled scope (leaving ``async with`` on cancellation) must
+        # still release the lock.
+        if self._release_lock is not None:
+            self._release_lock()
+            self._release_lock = None
+            self._lock_fd = None
+
+    # Everything below runs in a worker thread, one call at a time.
+
+    async def _run(self, function: Callable[..., _T], *args: Any) -> _T:
+        return await anyio.to_thread.run_sync(functools.partial(self._locked, function, *args))
+
+    def _locked(self, function: Callable[..., _T], *args: Any) -> _T:
+        with self._thread_lock:
+            if self._lock_fd is None:
+                self._open()
+            return function(*args)
+
+    def _open(self) -> None:
+        self._root.mkdir(parents=True, exist_ok=True)
+        lock_path = self._root / _LOCK_NAME
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateDirectoryLockedError(
+                f"the program-state directory {self._root} is in use by another manager "
+                f"(it holds {lock_path}); one manager at a time may use a directory"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd = fd
+        self._release_lock = weakref.finalize(self, os.close, fd)
+        self._spares.clear()
+        self._new_spares.clear()
+        for entry in os.scandir(self._root):
+            if entry.name.startswith(".") and _TEMPORARY_MARK in entry.name:
+                os.unlink(entry.path)
+                logger.info("removed the temporary file %s, left by an earlier run", entry.path)
+
+    def _path(self, version: int) -> Path:
+        return self._root / f"{self._prefix}{version}{_SUFFIX}"
+
+    def _versions(self) -> list[int]:
+        start, end = len(self._prefix), -len(_SUFFIX)
+        found = []
+        for name in os.listdir(self._root):
+            if name.startswith(self._prefix) and name.endswith(_SUFFIX):
+                digits = name[start:end]
+                if digits.isascii() and digits.isdigit() and str(int(digits)) == digits:
+                    found.append(int(digits))
+        return sorted(found)
+
+    def _save(self, state: Any, version: int) -> None:
+        versions = self._versions()
+        check_version(
+            version, newest=versions[-1] if versions else None, exists=version in versions
+        )
+        buffers = dumps_buffers(state)  # before any file exists: a bad leaf leaves nothing
+        path = self._path(version)
+        temporary, fd = self._temporary_file(path)
+        try:
+            try:
+                os.ftruncate(fd, _write_all(fd, buffers))  # a recycled file may be longer
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            self._drop_spares()  # a full disk is a likely cause: free their space too
+            raise
+        _fsync_directory(self._root)
+        self._spares.extend(self._new_spares)  # their renames are durable now
+        self._new_spares.clear()
+        self._retain([*versions, version], version)
+
+    def _temporary_file(self, path: Path) -> tuple[Path, int]:
+        """A file to write ``path``'s next content into: a spare, or a new one."""
+        while self._spares:
+            spare = self._spares.pop()
+            try:
+                return spare, os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+        temporary = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        return temporary, os.open(temporary, flags, 0o644)
+
+    def _retain(self, versions: list[int], written: int) -> None:
+        """Retire the versions that retention does not keep; ``versions`` ascending.
+
+        Deleting a file whose blocks were flushed costs as much as the save itself on
+        some disks, so the first retired files become spares (renamed to a temporary
+        name) that later saves overwrite. A spare is written only after a directory
+        fsync made its rename durable: a power cut then cannot bring back the old name
+        over new content. Retirements are not fsynced themselves: one undone by a power
+        cut brings back a complete old version, which the next save retires again.
+        """
+        if self._keep_total is None:
+            return
+        keep = {written, *versions[-self._keep_total :]}
+        if self._keep_first:
+            keep.add(versions[0])
+        if self._keep_every is not None:
+            keep.update(version for version in versions if version % self._keep_every == 0)
+        for version in versions:
+            if version in keep:
+                continue
+            path = self._path(version)
+            if len(self._spares) + len(self._new_spares) < _MAX_SPARES:
+                spare = path.with_name(f".retired_{path.name}.tmp-{secrets.token_hex(4)}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(path, spare)
+                    self._new_spares.append(spare)
+            else:
+                path.unlink(missing_ok=True)
+
+    def _load(self, version: object, structure: Any) -> Any:
+        self._check_saved(version)
+        try:
+            return self._read(version, structure)
+        except FileNotFoundError:
+            raise self._not_found(version) from None
+
+    def _load_latest(self, structure: Any) -> tuple[Any, int]:
+        for version in reversed(self._versions()):
+            try:
+                return self._read(version, structure), version
+            except FileNotFoundError:
+                continue
+            except SerializationError as error:
+                aside = self._set_aside(version)
+                logger.warning(
+                    "skipped program state version %d, which is unreadable (%s), and moved "
+                    "it to %s",
+                    version,
+                    error.__cause__ or error,
+                    aside,
+                )
+        return None, 0
+
+    def _read(self, version: int, structure: Any) -> Any:
+        path = self._path(version)
+        data = _read_file(path)
+        try:
+            return loads(data, structure)
+        except SerializationError as error:
+            raise SerializationError(
+                f"cannot read program state version {version} from {path}: {error}"
+            ) from error
+
+    def _set_aside(self, version: int) -> Path:
+        path = self._path(version)
+        aside = path.with_name(f"{path.name}.unreadable")
+        number = 1
+        while aside.exists():
+            number += 1
+            aside = path.with_name(f"{path.name}.unreadable-{number}")
+        os.replace(path, aside)
+        _fsync_directory(self._root)
+        return aside
+
+    def _remove(self, version: object) -> None:
+        self._check_saved(version)
+        try:
+            self._path(version).unlink()
+        except FileNotFoundError:
+            raise self._not_found(version) from None
+        _fsync_directory(self._root)
+
+    def _drop_spares(self) -> None:
+        for path in [*self._spares, *self._new_spares]:
+            path.unlink(missing_ok=True)
+        self._spares.clear()
+        self._new_spares.clear()
+
+    def _remove_all(self) -> None:
+        self._drop_spares()
+        for version in self._versions():
+            self._path(version).unlink(missing_ok=True)
+        _fsync_directory(self._root)
+
+    def _check_saved(self, version: object) -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise self._not_found(version)
+
+    def _not_found(self, version: object) -> VersionNotFoundError:
+        return VersionNotFoundError(
+            f"no program state is saved as version {version!r} in {self._root}; "
+            f"saved: {self._versions()}"
+        )
+
+
+def _check_count(name: str, value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1 or None, got {value}")
+
+
+def _write_all(fd: int, buffers: list[memoryview]) -> int:
+    """Write every buffer in order; the number of bytes written."""
+    total = 0
+    for buffer in buffers:
+        total += buffer.nbytes
+        while buffer.nbytes:
+            written = os.write(fd, buffer)
+            buffer = buffer[written:]
+    return total
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_file(path: Path) -> np.ndarray:
+    """The file's bytes in a writable buffer, which the loaded arrays then share."""
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        buffer = np.empty(size, np.uint8)
+        view = memoryview(buffer)
+        filled = 0
+        while filled < size:
+            count = file.readinto(view[filled:])
+            if not count:
+                break
+            filled += count
+    return buffer[:filled]
