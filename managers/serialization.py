@@ -62,7 +62,7 @@ import numpy as np
 import orjson
 
 from managers.exceptions import ManagerError
-from managers.structure import dict_like, leaves, unflatten
+from managers.structure import reshape
 
 __all__ = ["FORMAT_VERSION", "SerializationError", "dumps", "dumps_buffers", "loads"]
 
@@ -149,7 +149,7 @@ def loads(data: bytes | bytearray | memoryview | np.ndarray, structure: Any = No
         raise SerializationError(f"the payload's tree is malformed: {error}") from None
     if structure is None:
         return decoded
-    return _reshape(structure, decoded)
+    return reshape(structure, decoded)
 
 
 # Encoding.
@@ -472,13 +472,3 @@ def _dtype(description: Any) -> np.dtype:
     if dtype.hasobject:
         raise SerializationError(f"the payload's tree holds an object dtype {description!r}")
     return dtype
-
-
-def _reshape(template: Any, value: Any) -> Any:
-    """``value`` with the container types of ``template``; ``None`` keeps a subtree."""
-    if template is None:
-        return value
-    if isinstance(template, dict) and isinstance(value, dict):
-        reshaped = {key: _reshape(template.get(key), child) for key, child in value.items()}
-        return dict_like(template, reshaped)
-    return unflatten(template, leaves(value))

@@ -40,6 +40,7 @@ __all__ = [
     "leaves",
     "map_structure",
     "map_with_paths",
+    "reshape",
     "unflatten",
 ]
 
@@ -105,6 +106,21 @@ def unflatten(template: Any, new_leaves: Iterable[Any]) -> Any:
             f"unflatten needs {expected} leaves for this template, but more were given"
         )
     return result
+
+
+def reshape(template: Any, value: Any) -> Any:
+    """``value`` with the container types of ``template``.
+
+    Where ``template`` holds ``None`` the subtree of ``value`` is kept as it is; dict
+    keys of ``value`` that the template lacks are kept too. This is how state managers
+    give a loaded state the container types of a template (e.g. an initial state).
+    """
+    if template is None:
+        return value
+    if isinstance(template, dict) and isinstance(value, dict):
+        reshaped = {key: reshape(template.get(key), child) for key, child in value.items()}
+        return dict_like(template, reshaped)
+    return unflatten(template, leaves(value))
 
 
 def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:

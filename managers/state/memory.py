@@ -9,7 +9,7 @@ import numpy as np
 
 from managers.exceptions import VersionNotFoundError
 from managers.state.base import ProgramStateManager, check_version
-from managers.structure import dict_like, leaves, unflatten
+from managers.structure import reshape
 
 __all__ = ["MemoryProgramStateManager"]
 
@@ -47,7 +47,7 @@ class MemoryProgramStateManager(ProgramStateManager):
         loaded = _snapshot(state)
         if structure is None:
             return loaded
-        return _reshape(structure, loaded)
+        return reshape(structure, loaded)
 
     async def get_versions(self) -> list[int]:
         return list(self._versions)
@@ -89,13 +89,3 @@ def _snapshot(value: Any) -> Any:
 
 
 _IMMUTABLE = frozenset({int, float, bool, str, bytes, type(None), complex})
-
-
-def _reshape(template: Any, value: Any) -> Any:
-    """``value`` with the container types of ``template``; ``None`` keeps a subtree."""
-    if template is None:
-        return value
-    if isinstance(template, dict) and isinstance(value, dict):
-        reshaped = {key: _reshape(template.get(key), child) for key, child in value.items()}
-        return dict_like(template, reshaped)
-    return unflatten(template, leaves(value))
