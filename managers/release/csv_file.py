@@ -7,7 +7,6 @@ import io
 import logging
 import os
 import re
-import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
+from managers._files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
 from managers.values import materialize
@@ -124,11 +124,11 @@ class CSVFileReleaseManager(ReleaseManager):
             new_columns = [path for path in cells if path not in self._columns]
             if row is None and not new_columns and not self._must_rewrite:
                 line = _line(_row_fields(key, cells, self._header)).encode()
-                await self._write(_append, self._file, line)
+                await self._write(append, self._file, line)
             else:
                 header = self._header + new_columns
                 self._file = await self._write(
-                    _replace, self._path, self._text, header, key, cells, self._file
+                    replace_and_reopen, self._path, self._file, self._encoded, header, key, cells
                 )
                 self._header = header
                 self._columns.update(new_columns)
@@ -161,7 +161,7 @@ class CSVFileReleaseManager(ReleaseManager):
         self._columns = set(header)
         self._rows = {key: _Row(cells, 0) for key, cells in rows.items()}
         if not self._must_rewrite:
-            self._file = await anyio.to_thread.run_sync(_open_for_append, self._path)
+            self._file = await anyio.to_thread.run_sync(open_for_append, self._path)
         self._loaded = True
 
     async def _write(self, function: Callable[..., _T], *args: Any) -> _T:
@@ -182,6 +182,9 @@ class CSVFileReleaseManager(ReleaseManager):
         if key not in self._rows:
             rows = (*rows, _row_fields(key, cells, header))
         return _lines([[self._key_fieldname, *header], *rows])
+
+    def _encoded(self, header: list[str], key: ReleaseKey, cells: dict[str, str]) -> bytes:
+        return self._text(header, key, cells).encode()
 
     def _cells(self, value: Any) -> dict[str, str]:
         flat = flatten(value)
@@ -316,50 +319,3 @@ def _read(
         cells = zip(header, record[1:], strict=False)
         rows[key] = {column: cell for column, cell in cells if cell}
     return header, rows, must_rewrite
-
-
-def _open_for_append(path: Path) -> io.FileIO:
-    return io.FileIO(path, "a")
-
-
-def _append(file: io.FileIO, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[file.write(view) :]
-
-
-def _replace(
-    path: Path,
-    text: Callable[[list[str], ReleaseKey, dict[str, str]], str],
-    header: list[str],
-    key: ReleaseKey,
-    cells: dict[str, str],
-    old_file: io.FileIO | None,
-) -> io.FileIO:
-    """Rewrite ``path`` atomically with ``text(header, key, cells)``; the new append file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(temporary, "x", encoding="utf-8", newline="") as file:
-            file.write(text(header, key, cells))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    new_file = _open_for_append(path)
-    if old_file is not None:
-        old_file.close()  # it points at the file just replaced
-    return new_file
-
-
-def _fsync_directory(directory: Path) -> None:
-    if os.name != "posix":
-        return  # directories cannot be opened for fsync elsewhere
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

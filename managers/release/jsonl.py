@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import anyio.to_thread
 import numpy as np
 import orjson
 
+from managers._files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
 from managers.values import materialize
@@ -99,10 +99,10 @@ class JSONLinesReleaseManager(ReleaseManager):
                     row.call = call
                     return
             if row is None and not self._must_rewrite:
-                await self._write(_append, self._file, line + b"\n")
+                await self._write(append, self._file, line + b"\n")
             else:
                 self._file = await self._write(
-                    _replace, self._path, self._text, key, line, self._file
+                    replace_and_reopen, self._path, self._file, self._text, key, line
                 )
                 self._must_rewrite = False
             self._rows[key] = _Row(line, call)
@@ -127,7 +127,7 @@ class JSONLinesReleaseManager(ReleaseManager):
         lines, self._must_rewrite = await anyio.to_thread.run_sync(_read, self._path)
         self._rows = {key: _Row(line, 0) for key, line in lines.items()}
         if not self._must_rewrite:
-            self._file = await anyio.to_thread.run_sync(_open_for_append, self._path)
+            self._file = await anyio.to_thread.run_sync(open_for_append, self._path)
         self._loaded = True
 
     async def _write(self, function: Callable[..., _T], *args: Any) -> _T:
@@ -227,49 +227,3 @@ def _key_of(line: bytes, number: int, path: Path) -> ReleaseKey:
             f'and "value": {line[:80]!r}'
         )
     return key
-
-
-def _open_for_append(path: Path) -> io.FileIO:
-    return io.FileIO(path, "a")
-
-
-def _append(file: io.FileIO, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[file.write(view) :]
-
-
-def _replace(
-    path: Path,
-    text: Callable[[ReleaseKey, bytes], bytes],
-    key: ReleaseKey,
-    line: bytes,
-    old_file: io.FileIO | None,
-) -> io.FileIO:
-    """Rewrite ``path`` atomically with ``text(key, line)``; the new append file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(temporary, "xb") as file:
-            file.write(text(key, line))
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-    new_file = _open_for_append(path)
-    if old_file is not None:
-        old_file.close()  # it points at the file just replaced
-    return new_file
-
-
-def _fsync_directory(directory: Path) -> None:
-    if os.name != "posix":
-        return  # directories cannot be opened for fsync elsewhere
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

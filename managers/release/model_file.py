@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
+from managers._files import write_atomically
 from managers.exceptions import VersionNotFoundError
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.serialization import dumps, loads
@@ -79,23 +79,7 @@ class ModelFileReleaseManager(ReleaseManager):
 
 
 def _encode_and_write(path: Path, value: Any) -> None:
-    payload = dumps(value)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(temporary, "wb") as file:
-            file.write(payload)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    write_atomically(path, dumps(value))
 
 
 def _list_models(root: Path) -> list[str]:

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 import numpy as np
 
+from managers._files import fsync_directory
 from managers.exceptions import ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError, dumps_buffers, loads
 from managers.state.base import ProgramStateManager, check_version
@@ -238,7 +239,7 @@ class FileProgramStateManager(ProgramStateManager):
             temporary.unlink(missing_ok=True)
             self._drop_spares()  # a full disk is a likely cause: free their space too
             raise
-        _fsync_directory(self._root)
+        fsync_directory(self._root)
         self._spares.extend(self._new_spares)  # their renames are durable now
         self._new_spares.clear()
         self._retain([*versions, version], version)
@@ -326,7 +327,7 @@ class FileProgramStateManager(ProgramStateManager):
             number += 1
             aside = path.with_name(f"{path.name}.unreadable-{number}")
         os.replace(path, aside)
-        _fsync_directory(self._root)
+        fsync_directory(self._root)
         return aside
 
     def _remove(self, version: object) -> None:
@@ -335,7 +336,7 @@ class FileProgramStateManager(ProgramStateManager):
             self._path(version).unlink()
         except FileNotFoundError:
             raise self._not_found(version) from None
-        _fsync_directory(self._root)
+        fsync_directory(self._root)
 
     def _drop_spares(self) -> None:
         for path in [*self._spares, *self._new_spares]:
@@ -347,7 +348,7 @@ class FileProgramStateManager(ProgramStateManager):
         self._drop_spares()
         for version in self._versions():
             self._path(version).unlink(missing_ok=True)
-        _fsync_directory(self._root)
+        fsync_directory(self._root)
 
     def _check_saved(self, version: object) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
@@ -378,14 +379,6 @@ def _write_all(fd: int, buffers: list[memoryview]) -> int:
             written = os.write(fd, buffer)
             buffer = buffer[written:]
     return total
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read_file(path: Path) -> np.ndarray:
