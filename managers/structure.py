@@ -33,6 +33,7 @@ from typing import Any
 
 __all__ = [
     "PATH_SEPARATOR",
+    "children",
     "dict_like",
     "flatten",
     "is_container",
@@ -140,7 +141,11 @@ def _is_dataclass_instance(value: object) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
-def _children(container: Any, path: str) -> Iterator[tuple[str, Any]]:
+def children(container: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """The ``(key, child)`` pairs of a container, keys as path names use them.
+
+    ``path`` is the container's own path, named in the error for a non-str dict key.
+    """
     if isinstance(container, dict):
         for key, child in container.items():
             if not isinstance(key, str):
@@ -164,7 +169,7 @@ def _walk(node: Any, path: str, found: list[tuple[str, Any]]) -> None:
     if not is_container(node):
         found.append((path, node))
         return
-    for key, child in _children(node, path):
+    for key, child in children(node, path):
         _walk(child, join_path(path, key), found)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
+from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
-from managers.structure import dict_like, is_container, join_path
+from managers.structure import children, dict_like, is_container, join_path
 from managers.values import materialize
 
 __all__ = ["FilteringReleaseManager"]
@@ -51,8 +50,7 @@ class FilteringReleaseManager(ReleaseManager):
             raise TypeError(f"filter_fn must be callable, got {type(filter_fn).__name__}")
         self._manager = manager
         self._filter_fn = filter_fn
-        self._calls = 0
-        self._turns: dict[ReleaseKey, _Turn] = {}  # only keys being released
+        self._order = CallOrder()
 
     @property
     def manager(self) -> ReleaseManager:
@@ -61,36 +59,17 @@ class FilteringReleaseManager(ReleaseManager):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         check_key(key)
-        self._calls += 1
-        call = self._calls
-        turn = self._turns.get(key)
-        if turn is None:
-            turn = self._turns[key] = _Turn()
-        turn.users += 1
-        try:
+        with self._order.call(key) as ticket:
             kept = _keep(await materialize(value), "", self._filter_fn)
-            if turn.handed_on > call:
+            if not ticket.hand_on():
                 return  # a later release of this key was handed on
-            turn.handed_on = call
             if kept is not _DROPPED:
                 # No pause between the check above and this call: the manager receives the
                 # calls of one key in the order they were handed on.
                 await self._manager.release(kept, key)
-        finally:
-            turn.users -= 1
-            if not turn.users:
-                del self._turns[key]
 
     async def aclose(self) -> None:
         await self._manager.aclose()
-
-
-@dataclass
-class _Turn:
-    """The calls in flight for one key."""
-
-    handed_on: int = 0  # the latest call handed on to the manager
-    users: int = 0  # calls in flight
 
 
 _DROPPED = object()
@@ -102,7 +81,7 @@ def _keep(node: Any, path: str, filter_fn: Callable[[str], bool]) -> Any:
         return node if filter_fn(path) else _DROPPED
     kept: dict[str, Any] = {}
     whole = True
-    for name, child in _children(node, path):
+    for name, child in children(node, path):
         result = _keep(child, join_path(path, name), filter_fn)
         if result is _DROPPED:
             whole = False
@@ -114,20 +93,3 @@ def _keep(node: Any, path: str, filter_fn: Callable[[str], bool]) -> Any:
     if whole:
         return node
     return dict_like(node, kept) if isinstance(node, dict) else kept
-
-
-def _children(container: Any, path: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(container, dict):
-        for name, child in container.items():
-            if not isinstance(name, str):
-                raise TypeError(
-                    f"dict keys of a structure must be str; found {type(name).__name__} "
-                    f"key {name!r} at {path!r}"
-                )
-            yield name, child
-    elif isinstance(container, list | tuple):
-        for index, child in enumerate(container):
-            yield str(index), child
-    else:
-        for item in dataclasses.fields(container):
-            yield item.name, getattr(container, item.name)

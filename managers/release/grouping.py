@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
+from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.values import materialize
 
@@ -45,8 +45,7 @@ class GroupingReleaseManager(ReleaseManager):
                     f"got {type(manager).__name__} {manager!r}"
                 )
         self._managers = managers
-        self._calls = 0
-        self._turns: dict[ReleaseKey, _Turn] = {}  # only keys being released
+        self._order = CallOrder()
 
     @property
     def managers(self) -> tuple[ReleaseManager, ...]:
@@ -55,38 +54,18 @@ class GroupingReleaseManager(ReleaseManager):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         check_key(key)
-        self._calls += 1
-        call = self._calls
-        turn = self._turns.get(key)
-        if turn is None:
-            turn = self._turns[key] = _Turn()
-        turn.users += 1
-        try:
+        with self._order.call(key) as ticket:
             plain = await materialize(value)
-            async with turn.lock:
-                if turn.handed_on > call:
+            async with ticket.lock:
+                if not ticket.hand_on():
                     return  # a later release of this key was handed on
-                turn.handed_on = call
                 await _run_all(
                     [_bind(manager.release, plain, key) for manager in self._managers],
                     f"release key {key!r}",
                 )
-        finally:
-            turn.users -= 1
-            if not turn.users:
-                del self._turns[key]
 
     async def aclose(self) -> None:
         await _run_all([manager.aclose for manager in self._managers], "close")
-
-
-@dataclass
-class _Turn:
-    """The calls in flight for one key."""
-
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    handed_on: int = 0  # the latest call handed on to the managers
-    users: int = 0  # calls in flight
 
 
 def _bind(function: Callable[..., Awaitable[None]], *args: Any) -> Callable[[], Awaitable[None]]:
