@@ -1,0 +1,177 @@
+"""Federated evaluation of Keras models: the process an EvaluationManager runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from programlogic.context import get_context
+from programlogic.data import ClientHandle
+from programlogic.datasets.preprocessing import Preprocessing
+from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning.fed_avg import check_clients_per_group, ratio
+from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_batches
+from programlogic.process import LearningProcessOutput
+
+__all__ = ["FederatedEvaluation", "build_fed_eval"]
+
+
+@dataclasses.dataclass
+class _Sums:
+    values: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, other: dict[str, float]) -> _Sums:
+        for name, value in other.items():
+            self.values[name] = self.values.get(name, 0.0) + value
+        return self
+
+
+class FederatedEvaluation:
+    """Evaluates the model weights its state holds on the clients of each round.
+
+    Each client's data is batched once, in order (``preprocess``), and run through the
+    model in inference mode; clients go through the current federated context in
+    compiled, vectorized groups, as in :class:`~programlogic.learning.WeightedFedAvg`.
+    Metrics, example-weighted over all clients (the names of
+    ``tff.learning.algorithms.build_fed_eval``):
+    ``client_work/eval/current_round_metrics/{sparse_categorical_accuracy, loss,
+    num_examples}`` for the round, and the same under ``total_rounds_metrics`` over
+    every round since the weights were set.
+
+    Build it with :func:`build_fed_eval`.
+    """
+
+    def __init__(
+        self, model: FunctionalModel, preprocess: Preprocessing, clients_per_group: int
+    ) -> None:
+        self.model = model
+        self.preprocess = preprocess
+        self.clients_per_group = clients_per_group
+        self._evaluate_group_compiled = tf.function(self._evaluate_group_graph, jit_compile=True)
+
+    def initialize(self) -> dict[str, Any]:
+        """A state holding the model's initial weights and empty totals."""
+        return {"model": self.model.initial_weights(), "totals": self._zero_sums()}
+
+    async def next(
+        self, state: dict[str, Any], clients: Sequence[ClientHandle]
+    ) -> LearningProcessOutput:
+        """Evaluate the state's weights on ``clients``."""
+        if not clients:
+            raise ValueError("an evaluation round needs at least one client, got none")
+        context = get_context()
+        group_size = min(self.clients_per_group, len(clients))
+        sums = await context.aggregate_clients(
+            self._evaluate_group,
+            (state["model"], group_size),
+            clients,
+            lambda total, client: total.add(client),
+            _Sums(),
+            group_size=group_size,
+        )
+        totals = {
+            name: float(state["totals"][name]) + sums.values.get(name, 0.0)
+            for name in state["totals"]
+        }
+        metrics = {
+            "client_work": {
+                "eval": {
+                    "current_round_metrics": self._finalize(sums.values),
+                    "total_rounds_metrics": self._finalize(totals),
+                }
+            }
+        }
+        return LearningProcessOutput({"model": state["model"], "totals": totals}, metrics)
+
+    def get_model_weights(self, state: dict[str, Any]) -> ModelWeights:
+        """The model weights under evaluation."""
+        return state["model"]
+
+    def set_model_weights(self, state: dict[str, Any], weights: ModelWeights) -> dict[str, Any]:
+        """A state evaluating ``weights``, with its totals cleared."""
+        return {"model": self.model.check_weights(weights), "totals": self._zero_sums()}
+
+    def _zero_sums(self) -> dict[str, float]:
+        return {name: 0.0 for name in ("loss_sum", "num_examples", *self.model.metrics)}
+
+    def _finalize(self, sums: dict[str, float]) -> dict[str, Any]:
+        examples = sums.get("num_examples", 0.0)
+        finished: dict[str, Any] = {
+            name: ratio(sums.get(name, 0.0), examples) for name in self.model.metrics
+        }
+        finished["loss"] = ratio(sums.get("loss_sum", 0.0), examples)
+        finished["num_examples"] = int(examples)
+        return finished
+
+    def _evaluate_group(
+        self,
+        broadcast: tuple[ModelWeights, int],
+        client_ids: Sequence[str],
+        datas: Sequence[Any],
+    ) -> list[dict[str, float]]:
+        weights, group_size = broadcast
+        batches = [self.preprocess(data, 0) for data in datas]
+        sums = self._evaluate_group_compiled(
+            weights["trainable"], weights["non_trainable"], *stack_batches(batches, group_size)
+        )
+        arrays = {name: np.asarray(value) for name, value in sums.items()}
+        return [
+            {name: float(value[index]) for name, value in arrays.items()}
+            for index in range(len(client_ids))
+        ]
+
+    def _evaluate_group_graph(
+        self, trainable: list[Any], non_trainable: list[Any], xs: Any, ys: Any, masks: Any
+    ) -> dict[str, Any]:
+        model = self.model
+
+        def evaluate_client(data: tuple[Any, Any, Any]) -> dict[str, Any]:
+            x, y, mask = data
+
+            def step(index: Any, sums: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+                _, _, batch_sums = model.batch(
+                    trainable, non_trainable, x[index], y[index], mask[index], training=False
+                )
+                return index + 1, {name: sums[name] + batch_sums[name] for name in sums}
+
+            initial = {name: tf.constant(0.0) for name in self._zero_sums()}
+            _, sums = tf.while_loop(
+                lambda index, _: index < tf.shape(mask)[0], step, (tf.constant(0), initial)
+            )
+            return sums
+
+        return tf.vectorized_map(evaluate_client, (xs, ys, masks))
+
+
+def build_fed_eval(
+    model_fn: Callable[[], Any],
+    *,
+    loss: Any = None,
+    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    preprocess: Preprocessing | None = None,
+    clients_per_group: int = 10,
+) -> FederatedEvaluation:
+    """A :class:`FederatedEvaluation` of the Keras model ``model_fn`` builds.
+
+    ``loss`` defaults to ``SparseCategoricalCrossentropy()``; ``preprocess`` (default:
+    one epoch, batches of 100, no shuffle) must keep every example exactly once.
+    """
+    if preprocess is None:
+        preprocess = Preprocessing(epochs=1, batch_size=100, shuffle_buffer=0)
+    if not isinstance(preprocess, Preprocessing):
+        raise TypeError(f"preprocess must be a Preprocessing, got {type(preprocess).__name__}")
+    if preprocess.epochs != 1:
+        raise ValueError(
+            f"an evaluation sees every example once: preprocess.epochs must be 1, "
+            f"got {preprocess.epochs}"
+        )
+    check_clients_per_group(clients_per_group)
+    model = FunctionalModel(
+        model_fn,
+        loss if loss is not None else keras.losses.SparseCategoricalCrossentropy(),
+        metrics,
+    )
+    return FederatedEvaluation(model, preprocess, clients_per_group)

@@ -1,0 +1,169 @@
+"""A Keras model as pure functions of its weights, for compiled federated computations.
+
+Federated algorithms need the model as a function ``(weights, batch) -> outputs`` so that
+many clients, each with its own copy of the weights, can train inside one compiled
+TensorFlow call. :class:`FunctionalModel` builds the Keras model once and runs it with
+Keras 3's ``stateless_call``; weights travel as plain lists of NumPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from programlogic.learning._tensorflow import keras, tf
+
+__all__ = ["SUPPORTED_METRICS", "FunctionalModel", "ModelWeights"]
+
+ModelWeights = dict[str, list[np.ndarray]]
+"""``{"trainable": [...], "non_trainable": [...]}``: a model's weights in Keras order."""
+
+SUPPORTED_METRICS = ("sparse_categorical_accuracy",)
+"""Metric names :class:`FunctionalModel` computes besides the loss."""
+
+
+class FunctionalModel:
+    """A Keras model, its loss and its metrics, as pure TensorFlow functions of the weights.
+
+    ``model_fn()`` must return a built ``keras.Model`` (give it an ``Input`` or call
+    ``build``); it is called once, here. ``loss`` is a Keras loss object
+    (``keras.losses.SparseCategoricalCrossentropy()``); the loss of a batch is the mean
+    of its per-example losses over the examples its mask marks, plus the model's
+    regularization losses. ``metrics`` are names from :data:`SUPPORTED_METRICS`.
+
+    Layers that draw random numbers in training (dropout) are not supported: their
+    seed state would be shared by every client of a compiled group.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[], Any],
+        loss: Any,
+        metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    ) -> None:
+        if not callable(model_fn):
+            raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
+        model = model_fn()
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model_fn must return a keras.Model, got {type(model).__name__}")
+        if not model.built or not model.weights:
+            raise ValueError(
+                "model_fn must return a built model with weights: start it with "
+                "keras.Input(shape) or call model.build(input_shape)"
+            )
+        if not callable(getattr(loss, "call", None)):
+            raise TypeError(f"loss must be a keras.losses.Loss, got {type(loss).__name__}")
+        if isinstance(metrics, str):
+            raise TypeError(f"metrics must be a sequence of names, got the str {metrics!r}")
+        for name in metrics:
+            if name not in SUPPORTED_METRICS:
+                raise ValueError(f"metrics supports {', '.join(SUPPORTED_METRICS)}, got {name!r}")
+        self.model = model
+        self.loss = loss
+        self.metrics = tuple(metrics)
+        self.input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else None
+
+    def initial_weights(self) -> ModelWeights:
+        """The weights the model was built with, as NumPy arrays."""
+        return {
+            "trainable": [np.array(v.numpy()) for v in self.model.trainable_variables],
+            "non_trainable": [np.array(v.numpy()) for v in self.model.non_trainable_variables],
+        }
+
+    def check_weights(self, weights: Any) -> ModelWeights:
+        """``weights`` as a :data:`ModelWeights` of this model, or a clear error."""
+        if not isinstance(weights, dict) or set(weights) != {"trainable", "non_trainable"}:
+            raise TypeError(
+                "model weights must be a dict with the keys 'trainable' and 'non_trainable', "
+                f"got {type(weights).__name__}"
+            )
+        checked: ModelWeights = {}
+        for part, variables in (
+            ("trainable", self.model.trainable_variables),
+            ("non_trainable", self.model.non_trainable_variables),
+        ):
+            arrays = list(weights[part])
+            if len(arrays) != len(variables):
+                raise ValueError(
+                    f"model weights {part!r} holds {len(arrays)} arrays, the model has "
+                    f"{len(variables)}"
+                )
+            converted = []
+            for index, (array, variable) in enumerate(zip(arrays, variables, strict=True)):
+                array = np.asarray(array)
+                if array.shape != tuple(variable.shape):
+                    raise ValueError(
+                        f"model weights {part}[{index}] ({variable.path}) has shape "
+                        f"{array.shape}, the model expects {tuple(variable.shape)}"
+                    )
+                converted.append(array.astype(variable.dtype, copy=False))
+            checked[part] = converted
+        return checked
+
+    def batch(
+        self,
+        trainable: Sequence[Any],
+        non_trainable: Sequence[Any],
+        x: Any,
+        y: Any,
+        mask: Any,
+        *,
+        training: bool,
+    ) -> tuple[Any, list[Any], dict[str, Any]]:
+        """One batch, traced into the caller's TensorFlow graph.
+
+        Returns ``(loss, new_non_trainable, sums)``: the masked mean loss to
+        differentiate, the non-trainable weights after the forward pass, and the sums
+        the metrics are made of (``loss_sum``, ``num_examples``, one per metric).
+        """
+        outputs, new_non_trainable, losses = self.model.stateless_call(
+            list(trainable), list(non_trainable), x, training=training, return_losses=True
+        )
+        per_example = tf.cast(self.loss.call(y, outputs), tf.float32)
+        per_example = tf.reduce_mean(tf.reshape(per_example, [tf.shape(mask)[0], -1]), axis=1)
+        count = tf.reduce_sum(mask)
+        loss = tf.reduce_sum(per_example * mask) / tf.maximum(count, 1.0)
+        if losses:
+            loss = loss + tf.add_n([tf.cast(extra, tf.float32) for extra in losses])
+        sums = {"loss_sum": loss * count, "num_examples": count}
+        if "sparse_categorical_accuracy" in self.metrics:
+            predicted = tf.cast(tf.argmax(outputs, axis=-1), y.dtype)
+            correct = tf.cast(tf.equal(predicted, tf.reshape(y, tf.shape(predicted))), tf.float32)
+            sums["sparse_categorical_accuracy"] = tf.reduce_sum(correct * mask)
+        return loss, list(new_non_trainable), sums
+
+
+def bucket(count: int) -> int:
+    """The smallest size >= ``count`` among 1..8 and m * 2**e (m in 4..7), for compiled shapes.
+
+    Padding ragged client data up to a few sizes keeps the number of compiled programs
+    small while wasting under a quarter of the work.
+    """
+    if count <= 8:
+        return max(count, 1)
+    exponent = math.floor(math.log2(count)) - 2
+    mantissa = math.ceil(count / 2**exponent)
+    return mantissa * 2**exponent
+
+
+def stack_batches(batches: Sequence[Any], group_size: int) -> tuple[np.ndarray, ...]:
+    """Client batches stacked into arrays ``[group_size, num_batches, batch_size, ...]``.
+
+    Clients are padded with masked (empty) batches up to a common, bucketed number of
+    batches, and the group with empty clients up to ``group_size``, so that a compiled
+    group function sees few distinct shapes.
+    """
+    first = batches[0]
+    num_batches = bucket(max(len(b.mask) for b in batches))
+    xs = np.zeros((group_size, num_batches, *first.x.shape[1:]), dtype=np.float32)
+    ys = np.zeros((group_size, num_batches, *first.y.shape[1:]), dtype=first.y.dtype)
+    masks = np.zeros((group_size, num_batches, *first.mask.shape[1:]), dtype=np.float32)
+    for index, client in enumerate(batches):
+        length = len(client.mask)
+        xs[index, :length] = client.x
+        ys[index, :length] = client.y
+        masks[index, :length] = client.mask
+    return xs, ys, masks
