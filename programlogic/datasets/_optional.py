@@ -1,0 +1,17 @@
+"""Optional dependencies of the data sets, imported on first use."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def require(module: str, package: str, needed_by: str) -> ModuleType:
+    """Import ``module``; when missing, an ImportError that names the extra to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(
+            f"{needed_by} needs {package}, which is not installed: "
+            f"pip install 'programlogic[learning]'"
+        ) from error
