@@ -1,0 +1,118 @@
+"""The main job and the plot command, run as a user runs them: as processes.
+
+These tests start processes (TensorFlow import and compilation take seconds), so they
+run under asyncio only.
+"""
+
+import csv
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from managers import ModelFileReleaseManager
+
+pytestmark = pytest.mark.anyio
+
+SAMPLES = pathlib.Path(__file__).parent.parent.parent / "samples"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def main_job(*arguments: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SAMPLES / "main_job.py"), *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def keys(path: pathlib.Path) -> list[int]:
+    with path.open(newline="") as file:
+        return [int(row["key"]) for row in csv.DictReader(file)]
+
+
+async def final_model(root: pathlib.Path, rounds: int) -> list[np.ndarray]:
+    weights = await ModelFileReleaseManager(root / "models").load(
+        f"final_training_checkpoint_round_{rounds}"
+    )
+    return [*weights["trainable"], *weights["non_trainable"]]
+
+
+async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp_path):
+    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
+    done = main_job("--rounds", 4, "--eval-every", 2, "--root", whole)
+    assert done.returncode == 0, done.stderr
+    assert keys(whole / "metrics.csv") == [1, 2, 3, 4]
+    assert keys(whole / "evaluation.csv") == [0, 2, 4]
+    assert list((whole / "tensorboard").glob("events.out.tfevents.*"))
+    assert "held-out accuracy 0." in done.stderr
+
+    first = main_job("--rounds", 2, "--eval-every", 2, "--root", pieces)
+    assert first.returncode == 0, first.stderr
+    second = main_job("--rounds", 4, "--eval-every", 2, "--root", pieces)
+    assert second.returncode == 0, second.stderr
+    assert "resuming after round 2" in second.stderr
+    assert keys(pieces / "metrics.csv") == [1, 2, 3, 4]
+    for expected, resumed in zip(
+        await final_model(whole, 4), await final_model(pieces, 4), strict=True
+    ):
+        assert expected.dtype == resumed.dtype and np.array_equal(expected, resumed)
+
+    again = main_job("--rounds", 4, "--eval-every", 2, "--root", pieces)
+    assert again.returncode == 0, again.stderr
+    assert "already holds round 4 of 4" in again.stderr
+
+    other = main_job("--rounds", 4, "--model", "mlp", "--root", pieces)
+    assert other.returncode == 1
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"main_job: {pieces} holds a run configured otherwise (--model 'softmax' -> 'mlp'): "
+        "repeat its flags to resume, or pick another --root"
+    )
+
+    plotted = subprocess.run(
+        [sys.executable, str(SAMPLES / "plot_metrics.py"), str(whole)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plotted.returncode == 0, plotted.stderr
+    assert (whole / "metrics.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
+        (["--client-lr", "-1"], "argument --client-lr: must be above 0, got -1"),
+        (["--seed", "x"], "argument --seed: expected a whole number, got 'x'"),
+        (["--dataset", "mnist"], "argument --dataset: invalid choice: 'mnist'"),
+        (["--dataset", "emnist"], "--dataset emnist needs --emnist-train FILE.h5"),
+        (["--clients-per-round", "11"], "--clients-per-round 11 is more than the 10 training"),
+    ],
+)
+async def test_bad_flags_get_a_one_line_error(tmp_path, arguments, message):
+    failed = main_job(*arguments, "--root", tmp_path / "run")
+    assert failed.returncode != 0
+    assert message in failed.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "state").exists()
+
+
+async def test_plotting_a_directory_without_metrics_says_what_is_missing(tmp_path):
+    failed = subprocess.run(
+        [sys.executable, str(SAMPLES / "plot_metrics.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 1
+    assert failed.stderr.strip() == (
+        f"plot_metrics: {tmp_path / 'metrics.csv'} does not exist: "
+        f"is {tmp_path} a main_job run directory?"
+    )
