@@ -39,3 +39,13 @@ async def test_the_quick_start_has_exactly_two_commands() -> None:
     assert "samples/main_job.py" in commands[0]
     assert commands[1].strip().endswith("-m pytest")
     assert commands[1].strip() in (README.parent / ".ci" / "run").read_text()
+
+
+async def test_the_fed_avg_example_trains_on_digits_and_evaluates_held_out_writers() -> None:
+    program = next(block for block in python_blocks() if "build_weighted_fed_avg" in block)
+    completed = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr
+    accuracy = float(completed.stdout.removeprefix("held-out accuracy "))
+    assert 0.8 < accuracy <= 1.0
