@@ -23,14 +23,13 @@ Nothing here imports TensorFlow; scikit-learn and h5py are imported on first use
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 from programlogic.datasets.digits import load_digits_writers, writer_forms
 from programlogic.datasets.emnist import HDF5ClientLoader, HDF5DataSource, load_emnist_h5
-from programlogic.datasets.fashion_mnist import DEFAULT_FASHION_MNIST_PATH, load_fashion_mnist
+from programlogic.datasets.fashion_mnist import load_fashion_mnist
 from programlogic.datasets.partition import dirichlet_partition
 from programlogic.datasets.preprocessing import ClientBatches, Preprocessing, client_seed
 
 __all__ = [
     "ClientArrays",
     "ClientBatches",
-    "DEFAULT_FASHION_MNIST_PATH",
     "FederatedData",
     "HDF5ClientLoader",
     "HDF5DataSource",

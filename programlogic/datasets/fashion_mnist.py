@@ -55,7 +55,9 @@ def load_fashion_mnist(
 
     ``path`` is the directory holding the four ``.gz`` files (default
     :data:`DEFAULT_FASHION_MNIST_PATH`); a missing file raises ``FileNotFoundError``.
-    The decoded files are cached, so loading again (another split) is quick.
+    The decoded files are cached in the process (about 0.8 s to decode, 0.2 s to split
+    again); a file replaced since, with another size or modification time, is read
+    again.
     """
     if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")

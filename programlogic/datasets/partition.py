@@ -41,8 +41,7 @@ def dirichlet_partition(
         raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
     if num_clients > labels.size:
         raise ValueError(
-            f"num_clients must be at most the number of examples ({labels.size}), "
-            f"got {num_clients}"
+            f"num_clients must be at most the number of examples ({labels.size}), got {num_clients}"
         )
     if (
         not isinstance(alpha, int | float)

@@ -539,12 +539,16 @@ async def test_sigkill_at_random_instants_leaves_a_complete_latest_version(
         assert await read_line() == ["ready"]
         for _ in range(KILLS):
             await process.stdin.send(f"start {root} {next_version}\n".encode())
-            word, pid = await read_line()
-            assert word == "child"
-            saving = saved = -1
-            while saved < 0:
+            # The parent's "child PID" and the child's first lines race to stdout.
+            pid, saving, saved = None, -1, -1
+            while pid is None or saved < 0:
                 word, number = await read_line()
-                saving, saved = (int(number), saved) if word == "saving" else (saving, int(number))
+                if word == "child":
+                    pid = number
+                else:
+                    saving, saved = (
+                        (int(number), saved) if word == "saving" else (saving, int(number))
+                    )
             await anyio.sleep(rng.uniform(0, 0.3))
             os.kill(int(pid), signal.SIGKILL)
             while (line := await read_line())[0] != "exited":

@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -38,7 +40,7 @@ async def test_client_arrays_are_scaled_pixels_and_int_labels() -> None:
 async def test_the_training_source_samples_as_asked() -> None:
     fixed = load_digits_writers(sampling="fixed").train.iterator(0)
     assert len({tuple(map(str, fixed.select(3, r))) for r in range(1, 6)}) == 1
-    with pytest.raises(ValueError, match="sampling must be one of .* got 'often'"):
+    with pytest.raises(ValueError, match=r"sampling must be one of .* got 'often'"):
         load_digits_writers(sampling="often")
 
 
@@ -50,3 +52,11 @@ async def test_writer_forms_splits_at_runs_after_the_random_digits() -> None:
     forms = writer_forms(labels)
     assert [form.size for form in forms] == [30 + 44, 13 + 44]
     assert np.concatenate(forms).tolist() == list(range(labels.size))
+
+
+async def test_without_scikit_learn_the_error_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(ImportError, match=r"scikit-learn.*pip install 'programlogic\[learning\]'"):
+        load_digits_writers()

@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from programlogic.datasets import DEFAULT_FASHION_MNIST_PATH, load_fashion_mnist
+from programlogic.datasets import load_fashion_mnist
+from programlogic.datasets.fashion_mnist import DEFAULT_FASHION_MNIST_PATH
 
 pytestmark = pytest.mark.anyio
 
