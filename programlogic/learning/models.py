@@ -60,7 +60,7 @@ def cnn(
     """A small CNN for square images (given as ``(h, w)`` or ``(h, w, 1)``, or flattened).
 
     A flattened input of ``n`` features is read as a ``sqrt(n) x sqrt(n)`` image. Two
-    3x3 convolutions (the second strided), global average pooling, a dense softmax.
+    3x3 convolutions (the second strided), flatten, a dense softmax.
     """
     shape = _check_shape(input_shape)
     size = math.prod(shape)

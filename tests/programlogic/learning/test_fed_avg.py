@@ -1,0 +1,393 @@
+"""FedAvg against TensorFlow Federated's numbers and against FedAvg written in NumPy.
+
+Every process is built once per test session (``functools.cache``) and shared by the
+tests and by both backends, because each new process compiles its client function.
+Tests that train pass the same clients in the same group shapes for the same reason.
+"""
+
+import functools
+import math
+
+import keras
+import numpy as np
+import pytest
+from learning_support import (
+    CLASSES,
+    FEATURES,
+    assert_same_state,
+    fed_avg,
+    hand_adam,
+    hand_sgd,
+    handles,
+    known_weights,
+    make_client,
+    ragged_clients,
+)
+
+from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
+from programlogic import (
+    ClientHandle,
+    InMemoryDataSource,
+    LocalContext,
+    final_model_key,
+    train_model,
+)
+from programlogic.datasets import ClientArrays, Preprocessing
+from programlogic.learning import (
+    WeightedFedAvg,
+    adam,
+    build_weighted_fed_avg,
+    sgd,
+    softmax_regression,
+)
+from programlogic.testing import CrashingStateManager, SimulatedCrash
+
+pytestmark = pytest.mark.anyio
+
+SMALL_MODEL = functools.partial(softmax_regression, (FEATURES,), CLASSES)
+EPOCHS, BATCH = 2, 4
+UNSHUFFLED = Preprocessing(epochs=EPOCHS, batch_size=BATCH, shuffle_buffer=0)
+
+
+async def train(process: WeightedFedAvg, state, rounds: list[list[ClientHandle]]):
+    """The state and metrics after each of ``rounds``."""
+    history = []
+    async with LocalContext(max_workers=2):
+        for clients in rounds:
+            output = await process.next(state, clients)
+            state = output.state
+            history.append((state, output.metrics))
+    return history
+
+
+def assert_metrics_match(metrics, expected) -> None:
+    train_metrics = metrics["client_work"]["train"]
+    for name in ("loss", "sparse_categorical_accuracy"):
+        assert train_metrics[name] == pytest.approx(expected[name], rel=1e-5), name
+    assert train_metrics["num_examples"] == expected["num_examples"]
+    assert train_metrics["num_batches"] == expected["num_batches"]
+    assert train_metrics["num_non_finite_clients"] == 0
+    assert metrics["finalizer"] == {"update_non_finite": 0}
+
+
+# Parity with TensorFlow Federated 0.87 (../shared/anchors/tff_fedavg.py --no-shuffle).
+
+
+@functools.cache
+def anchor_clients() -> list[ClientHandle]:
+    rng = np.random.default_rng(0)
+    clients = {}
+    for index in range(10):
+        x = rng.random((100, 784), dtype=np.float32)
+        y = rng.integers(0, 10, (100, 1)).astype(np.int32).reshape(100)
+        clients[str(index)] = ClientArrays(x, y)
+    return handles(clients)
+
+
+@functools.cache
+def anchor_process() -> WeightedFedAvg:
+    return build_weighted_fed_avg(
+        functools.partial(softmax_regression, (784,), 10),
+        sgd(0.02),
+        sgd(1.0),
+        preprocess=Preprocessing(epochs=5, batch_size=5, shuffle_buffer=0),
+    )
+
+
+async def test_losses_equal_tensorflow_federated_on_the_anchor_clients() -> None:
+    process = anchor_process()
+    history = await train(process, process.initialize(), [anchor_clients()] * 3)
+
+    losses = [metrics["client_work"]["train"]["loss"] for _, metrics in history]
+    assert losses == pytest.approx([2.0536001, 1.9509841, 1.8549443], rel=1e-5)
+    for _, metrics in history:
+        assert metrics["client_work"]["train"]["num_examples"] == 5000
+        assert metrics["client_work"]["train"]["num_batches"] == 1000
+    assert [state["round"] for state, _ in history] == [1, 2, 3]
+
+
+# FedAvg in NumPy on ragged clients: padded batches, masked examples, padded groups.
+
+
+@functools.cache
+def reference_process(clients_per_group: int) -> WeightedFedAvg:
+    return build_weighted_fed_avg(
+        SMALL_MODEL,
+        sgd(0.5, momentum=0.5),
+        sgd(1.0),
+        preprocess=UNSHUFFLED,
+        clients_per_group=clients_per_group,
+    )
+
+
+@pytest.mark.parametrize("clients_per_group", [3, 2], ids=["one-group", "a-padded-group"])
+async def test_two_rounds_equal_fed_avg_written_in_numpy(clients_per_group: int) -> None:
+    # Clients of 3, 7 and 12 examples hold 2, 4 and 6 batches of 4, their last batch
+    # partial for the first two; in groups of 2 the last group is padded with an
+    # empty client. Client momentum makes any step taken on padding visible.
+    process = reference_process(clients_per_group)
+    start = process.set_model_weights(process.initialize(), known_weights())
+    clients = handles(ragged_clients())
+
+    history = await train(process, start, [clients, clients[::-1]])
+
+    data = list(ragged_clients().values())
+    expected = fed_avg(
+        known_weights()["trainable"],
+        [data, data[::-1]],
+        hand_sgd(0.5, momentum=0.5),
+        hand_sgd(1.0),
+        epochs=EPOCHS,
+        batch_size=BATCH,
+    )
+    assert expected[0][1]["num_examples"] == 44 and expected[0][1]["num_batches"] == 12
+    for (state, metrics), (weights, expected_metrics) in zip(history, expected, strict=True):
+        trainable = process.get_model_weights(state)["trainable"]
+        for actual, wanted in zip(trainable, weights, strict=True):
+            assert actual.dtype == np.float32
+            np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+        assert_metrics_match(metrics, expected_metrics)
+    # The model moved: the comparison is not between two untouched models.
+    assert not np.allclose(trainable[0], known_weights()["trainable"][0], atol=1e-2)
+
+
+@functools.cache
+def server_optimizer_process(name: str) -> WeightedFedAvg:
+    optimizers = {
+        "adam": (adam(0.05), adam(0.1)),
+        "momentum": (sgd(0.5), sgd(0.8, momentum=0.9)),
+    }
+    client, server = optimizers[name]
+    return build_weighted_fed_avg(SMALL_MODEL, client, server, preprocess=UNSHUFFLED)
+
+
+HAND_OPTIMIZERS = {
+    "adam": (hand_adam(0.05), hand_adam(0.1)),
+    "momentum": (hand_sgd(0.5), hand_sgd(0.8, momentum=0.9)),
+}
+
+
+@pytest.mark.parametrize("name", ["adam", "momentum"])
+async def test_stateful_server_optimizers_equal_numpy_and_round_trip_through_files(
+    name: str, tmp_path
+) -> None:
+    process = server_optimizer_process(name)
+    initial = process.initialize()
+    start = process.set_model_weights(initial, known_weights())
+    clients = handles(ragged_clients())
+
+    history = await train(process, start, [clients, clients])
+
+    data = list(ragged_clients().values())
+    client_optimizer, server_optimizer = HAND_OPTIMIZERS[name]
+    expected = fed_avg(
+        known_weights()["trainable"],
+        [data, data],
+        client_optimizer,
+        server_optimizer,
+        epochs=EPOCHS,
+        batch_size=BATCH,
+    )
+    for (state, metrics), (weights, expected_metrics) in zip(history, expected, strict=True):
+        for actual, wanted in zip(state["model"]["trainable"], weights, strict=True):
+            np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+        assert_metrics_match(metrics, expected_metrics)
+
+    state = history[-1][0]
+    async with FileProgramStateManager(tmp_path) as manager:
+        await manager.save(state, 2)
+        loaded, version = await manager.load_latest(initial)
+    assert version == 2
+    assert_same_state(loaded, state)
+    # Training on from the loaded state is training on from the state itself.
+    (from_loaded, _), (from_state, _) = [
+        (await train(process, resumed, [clients]))[0] for resumed in (loaded, state)
+    ]
+    assert_same_state(from_loaded, from_state)
+
+
+# Determinism and resuming.
+
+
+@functools.cache
+def shuffled_process(seed: int, instance: int = 0) -> WeightedFedAvg:
+    """``instance`` tells apart processes built alike, as a restarted program builds it."""
+    del instance
+    return build_weighted_fed_avg(
+        SMALL_MODEL,
+        sgd(0.5),
+        preprocess=Preprocessing(epochs=EPOCHS, batch_size=BATCH, shuffle_buffer=5),
+        seed=seed,
+    )
+
+
+async def test_a_seed_gives_the_same_model_bit_for_bit_and_another_seed_another() -> None:
+    clients = handles(ragged_clients())
+
+    async def final_weights(process: WeightedFedAvg) -> list[np.ndarray]:
+        start = process.set_model_weights(process.initialize(), known_weights())
+        history = await train(process, start, [clients, clients])
+        return history[-1][0]["model"]["trainable"]
+
+    first = await final_weights(shuffled_process(1))
+    again = await final_weights(shuffled_process(1, instance=1))
+    other = await final_weights(shuffled_process(2))
+    unshuffled = await final_weights(reference_process(3))
+
+    for a, b in zip(first, again, strict=True):
+        assert a.tobytes() == b.tobytes()
+    assert not np.array_equal(first[0], other[0])
+    assert not np.array_equal(first[0], unshuffled[0])
+
+
+ROUNDS = 4
+
+
+async def run_program(process: WeightedFedAvg, state_manager) -> tuple:
+    models, metrics = MemoryReleaseManager(), MemoryReleaseManager()
+    async with LocalContext(max_workers=2):
+        result = await train_model(
+            train_process=process,
+            train_data_source=InMemoryDataSource(ragged_clients()),
+            train_per_round_clients=3,
+            train_total_rounds=ROUNDS,
+            program_state_manager=state_manager,
+            model_output_manager=models,
+            train_metrics_manager=metrics,
+            seed=5,
+        )
+    return result, models.values(), metrics.values()
+
+
+async def test_a_run_resumed_after_a_crash_ends_with_the_uninterrupted_model() -> None:
+    reference, reference_models, reference_metrics = await run_program(
+        shuffled_process(1), MemoryProgramStateManager()
+    )
+
+    state = MemoryProgramStateManager()
+    with pytest.raises(SimulatedCrash):
+        await run_program(shuffled_process(1), CrashingStateManager(state, 2, after_save=True))
+    # The rerun builds its process anew, as a restarted program does.
+    result, models, metrics = await run_program(shuffled_process(1, instance=1), state)
+
+    assert result.resumed_from == 2 and result.round_num == ROUNDS
+    assert_same_state(result.state, reference.state)
+    final = final_model_key(ROUNDS)
+    assert list(models) == [final]
+    assert_same_state(models[final], reference_models[final])
+    # The rerun releases again the metrics of the round it resumed from, then the rest.
+    assert metrics == {r: reference_metrics[r] for r in range(2, ROUNDS + 1)}
+    assert list(reference_metrics) == list(range(1, ROUNDS + 1))
+    assert reference.state["round"] == ROUNDS
+
+
+# Non-finite client updates.
+
+
+@functools.cache
+def nan_clients() -> dict[str, ClientArrays]:
+    """Clients of 12 examples (the group shape of the ragged clients) with a NaN input."""
+    return {f"nan{i}": make_client(12, 50 + i, nan_at=i + 4) for i in range(3)}
+
+
+async def test_a_client_with_nan_data_is_left_out_of_the_average() -> None:
+    process = reference_process(3)
+    start = process.set_model_weights(process.initialize(), known_weights())
+    finite = handles(ragged_clients())
+    with_nan = [*finite, handles(nan_clients())[0]]
+
+    ((without_state, without_metrics),) = await train(process, start, [finite])
+    ((state, metrics),) = await train(process, start, [with_nan])
+
+    assert_same_state(state["model"], without_state["model"])
+    train_metrics = metrics["client_work"]["train"]
+    assert train_metrics["num_non_finite_clients"] == 1
+    assert metrics["finalizer"] == {"update_non_finite": 0}
+    # As in TFF, the metrics still sum over every client that trained, the NaN one too.
+    assert (
+        train_metrics["num_examples"]
+        == without_metrics["client_work"]["train"]["num_examples"] + 2 * 12
+    )
+    assert math.isnan(train_metrics["loss"])
+
+
+async def test_a_round_whose_every_update_is_non_finite_leaves_the_model_unchanged() -> None:
+    process = reference_process(3)
+    start = process.set_model_weights(process.initialize(), known_weights())
+
+    ((state, metrics),) = await train(process, start, [handles(nan_clients())])
+
+    assert_same_state(state["model"], start["model"])
+    assert_same_state(state["server_optimizer"], start["server_optimizer"])
+    assert state["round"] == 1
+    assert metrics["client_work"]["train"]["num_non_finite_clients"] == 3
+
+
+# Model weights in and out of the state.
+
+
+async def test_model_weights_round_trip_and_keep_the_rest_of_the_state() -> None:
+    process = server_optimizer_process("adam")
+    state = {**process.initialize(), "round": 7}
+    weights = known_weights()
+
+    updated = process.set_model_weights(state, weights)
+
+    assert_same_state(process.get_model_weights(updated), weights)
+    assert updated["round"] == 7
+    assert_same_state(updated["server_optimizer"], state["server_optimizer"])
+    assert_same_state(process.get_model_weights(state), process.initialize()["model"])
+
+
+async def test_set_model_weights_refuses_a_wrong_shape() -> None:
+    process = reference_process(3)
+    weights = known_weights()
+    weights["trainable"][0] = weights["trainable"][0].T
+    with pytest.raises(ValueError, match=r"trainable\[0\] .* has shape \(3, 8\), .* \(8, 3\)"):
+        process.set_model_weights(process.initialize(), weights)
+
+
+# Arguments.
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        (
+            {"client_optimizer": keras.optimizers.SGD(0.1)},
+            TypeError,
+            "client_optimizer must be a programlogic.learning optimizer .*, got SGD",
+        ),
+        (
+            {"server_optimizer": "adam"},
+            TypeError,
+            "server_optimizer must be a programlogic.learning optimizer .*, got str",
+        ),
+        ({"preprocess": {"epochs": 1}}, TypeError, "preprocess must be a Preprocessing, got dict"),
+        ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
+        ({"seed": 1.0}, ValueError, r"seed must be an int >= 0, got 1\.0"),
+        ({"clients_per_group": 0}, ValueError, "clients_per_group must be an int >= 1, got 0"),
+        ({"clients_per_group": True}, ValueError, "clients_per_group must be an int >= 1"),
+        ({"metrics": ["accuracy"]}, ValueError, "got 'accuracy'"),
+    ],
+    ids=[
+        "client-optimizer",
+        "server-optimizer",
+        "preprocess",
+        "seed",
+        "float-seed",
+        "group-0",
+        "group-bool",
+        "metric",
+    ],
+)
+async def test_build_refuses_bad_arguments(arguments, error, message) -> None:
+    with pytest.raises(error, match=message):
+        build_weighted_fed_avg(SMALL_MODEL, **arguments)
+
+
+async def test_a_round_needs_clients() -> None:
+    process = reference_process(3)
+    async with LocalContext(max_workers=2):
+        with pytest.raises(ValueError, match="a FedAvg round needs at least one client, got none"):
+            await process.next(process.initialize(), [])

@@ -1,0 +1,123 @@
+import functools
+
+import numpy as np
+import pytest
+from learning_support import (
+    CLASSES,
+    FEATURES,
+    handles,
+    known_weights,
+    make_client,
+    per_example,
+    ragged_clients,
+)
+
+from programlogic import InMemoryDataSource, LocalContext, evaluate_once
+from programlogic.datasets import ClientArrays, Preprocessing
+from programlogic.learning import FederatedEvaluation, build_fed_eval, softmax_regression
+
+pytestmark = pytest.mark.anyio
+
+SMALL_MODEL = functools.partial(softmax_regression, (FEATURES,), CLASSES)
+
+
+@functools.cache
+def evaluation() -> FederatedEvaluation:
+    # Clients of 3, 7 and 12 examples in batches of 4: 1, 2 and 3 batches, two of them
+    # partial, stacked in one group of 3.
+    return build_fed_eval(
+        SMALL_MODEL,
+        preprocess=Preprocessing(epochs=1, batch_size=4, shuffle_buffer=0),
+        clients_per_group=3,
+    )
+
+
+@functools.cache
+def more_clients() -> dict[str, ClientArrays]:
+    """Other clients with the same group shape as the ragged ones (at most 3 batches)."""
+    return {"d": make_client(9, 20), "e": make_client(5, 21), "f": make_client(11, 22)}
+
+
+def expected_metrics(weights, clients) -> dict:
+    """Example-weighted loss and accuracy of ``weights`` over every example of ``clients``."""
+    x = np.concatenate([data.x for data in clients])
+    y = np.concatenate([data.y for data in clients])
+    losses, correct = per_example(weights["trainable"], x, y)
+    return {
+        "loss": pytest.approx(losses.mean(), rel=1e-5),
+        "sparse_categorical_accuracy": pytest.approx(correct.mean(), rel=1e-6),
+        "num_examples": len(y),
+    }
+
+
+async def evaluate_rounds(process: FederatedEvaluation, state, rounds):
+    outputs = []
+    async with LocalContext(max_workers=2):
+        for clients in rounds:
+            output = await process.next(state, clients)
+            state = output.state
+            outputs.append(output)
+    return outputs
+
+
+async def test_metrics_of_a_round_and_of_all_rounds_since_the_weights_were_set() -> None:
+    process = evaluation()
+    weights = known_weights()
+    state = process.set_model_weights(process.initialize(), weights)
+    first, second = ragged_clients(), more_clients()
+
+    outputs = await evaluate_rounds(process, state, [handles(first), handles(second)])
+
+    rounds = [output.metrics["client_work"]["eval"] for output in outputs]
+    assert rounds[0]["current_round_metrics"] == expected_metrics(weights, first.values())
+    assert rounds[0]["total_rounds_metrics"] == expected_metrics(weights, first.values())
+    assert rounds[1]["current_round_metrics"] == expected_metrics(weights, second.values())
+    both = [*first.values(), *second.values()]
+    assert rounds[1]["total_rounds_metrics"] == expected_metrics(weights, both)
+    # The accuracy is not trivially 0 or 1, so it checks the masking of padded examples.
+    assert 0 < rounds[1]["total_rounds_metrics"]["sparse_categorical_accuracy"] < 1
+
+    # Setting weights starts the totals over.
+    other = known_weights(seed=7)
+    reset = process.set_model_weights(outputs[-1].state, other)
+    (output,) = await evaluate_rounds(process, reset, [handles(first)])
+    metrics = output.metrics["client_work"]["eval"]
+    assert metrics["total_rounds_metrics"] == expected_metrics(other, first.values())
+    assert metrics["current_round_metrics"] == metrics["total_rounds_metrics"]
+    np.testing.assert_array_equal(
+        process.get_model_weights(output.state)["trainable"][0], other["trainable"][0]
+    )
+
+
+async def test_an_evaluation_does_not_change_the_weights() -> None:
+    process = evaluation()
+    state = process.set_model_weights(process.initialize(), known_weights())
+    (output,) = await evaluate_rounds(process, state, [handles(ragged_clients())])
+    for kept, given in zip(
+        output.state["model"]["trainable"], known_weights()["trainable"], strict=True
+    ):
+        assert kept.tobytes() == given.tobytes()
+
+
+async def test_evaluate_once_evaluates_every_client_of_a_source() -> None:
+    weights = known_weights(seed=3)
+    async with LocalContext(max_workers=2):
+        metrics = await evaluate_once(evaluation(), weights, InMemoryDataSource(more_clients()))
+
+    current = metrics["client_work"]["eval"]["current_round_metrics"]
+    assert current == expected_metrics(weights, more_clients().values())
+
+
+async def test_an_evaluation_needs_clients() -> None:
+    process = evaluation()
+    with pytest.raises(ValueError, match="an evaluation round needs at least one client"):
+        await process.next(process.initialize(), [])
+
+
+async def test_an_evaluation_sees_every_example_once() -> None:
+    with pytest.raises(ValueError, match=r"preprocess\.epochs must be 1, got 2"):
+        build_fed_eval(SMALL_MODEL, preprocess=Preprocessing(epochs=2))
+    with pytest.raises(TypeError, match="preprocess must be a Preprocessing, got str"):
+        build_fed_eval(SMALL_MODEL, preprocess="batch")
+    with pytest.raises(ValueError, match="clients_per_group must be an int >= 1, got -1"):
+        build_fed_eval(SMALL_MODEL, clients_per_group=-1)

@@ -1,0 +1,110 @@
+import copy
+
+import numpy as np
+import pytest
+
+from programlogic.learning import SGD, Adam, adam, sgd
+
+pytestmark = pytest.mark.anyio
+
+
+def steps(optimizer, weights, gradients_per_step):
+    """The weights after each step, and the final state."""
+    state = optimizer.initialize(weights)
+    history = []
+    for gradients in gradients_per_step:
+        state, weights = optimizer.next(state, weights, gradients)
+        history.append(weights)
+    return history, state
+
+
+def vector(*values: float) -> list[np.ndarray]:
+    return [np.array(values, dtype=np.float64)]
+
+
+async def test_sgd_subtracts_the_rate_times_the_gradient() -> None:
+    history, state = steps(sgd(0.1), vector(1.0, -2.0), [vector(0.5, 4.0), vector(1.0, -1.0)])
+    np.testing.assert_allclose(history[0][0], [0.95, -2.4], rtol=1e-12)
+    np.testing.assert_allclose(history[1][0], [0.85, -2.3], rtol=1e-12)
+    assert state == {}
+
+
+async def test_sgd_with_momentum_accumulates_a_velocity() -> None:
+    # v1 = g1 = (0.5, 4); w1 = (0.95, -2.4)
+    # v2 = 0.9 v1 + g2 = (1.45, 2.6); w2 = (0.805, -2.66)
+    # v3 = 0.9 v2 + 0 = (1.305, 2.34); w3 = (0.6745, -2.894): the velocity moves w alone
+    history, state = steps(
+        sgd(0.1, momentum=0.9),
+        vector(1.0, -2.0),
+        [vector(0.5, 4.0), vector(1.0, -1.0), vector(0.0, 0.0)],
+    )
+    np.testing.assert_allclose(history[0][0], [0.95, -2.4], rtol=1e-12)
+    np.testing.assert_allclose(history[1][0], [0.805, -2.66], rtol=1e-12)
+    np.testing.assert_allclose(history[2][0], [0.6745, -2.894], rtol=1e-12)
+    np.testing.assert_allclose(state["momentum"][0], [1.305, 2.34], rtol=1e-12)
+
+
+async def test_adam_with_bias_correction() -> None:
+    # Without epsilon, the bias-corrected first step is rate * sign(g) and a constant
+    # gradient keeps stepping by exactly the rate (m_hat = g, v_hat = g**2).
+    # Coordinate 0 sees g = 2 then -1: m = 0.08, v = 0.004996, and the step is
+    # 0.1 * sqrt(1 - 0.999**2) / (1 - 0.9**2) * 0.08 / sqrt(0.004996) = 0.0266337...
+    history, state = steps(
+        adam(0.1, epsilon=0.0), vector(1.0, -2.0), [vector(2.0, -0.5), vector(-1.0, -0.5)]
+    )
+    np.testing.assert_allclose(history[0][0], [0.9, -1.9], rtol=1e-12)
+    np.testing.assert_allclose(history[1][0], [0.87336629603396, -1.8], rtol=1e-12)
+    assert state["step"] == 2.0
+    np.testing.assert_allclose(state["first"][0], [0.08, -0.095], rtol=1e-12)
+    np.testing.assert_allclose(state["second"][0], [0.004996, 0.00049975], rtol=1e-12)
+
+
+async def test_adam_adds_epsilon_outside_the_square_root() -> None:
+    # 1 - 0.1 * sqrt(0.001) / 0.1 * 0.2 / (sqrt(0.004) + 1.0)
+    history, _ = steps(adam(0.1, epsilon=1.0), vector(1.0), [vector(2.0)])
+    np.testing.assert_allclose(history[0][0], [0.9940516512848024], rtol=1e-12)
+
+
+async def test_adam_defaults_are_keras_defaults() -> None:
+    assert adam() == Adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7)
+    assert sgd(0.5) == SGD(learning_rate=0.5, momentum=0.0)
+
+
+@pytest.mark.parametrize(
+    "optimizer", [sgd(0.1), sgd(0.1, momentum=0.5), adam(0.01)], ids=["sgd", "momentum", "adam"]
+)
+async def test_steps_are_pure_and_keep_float32(optimizer) -> None:
+    weights = [np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)]
+    gradients = [np.full((2, 3), 0.5, np.float32), np.array([1, -1, 2], np.float32)]
+    state = optimizer.initialize(weights)
+    before = copy.deepcopy((weights, gradients, state))
+
+    new_state, new_weights = optimizer.next(state, weights, gradients)
+    again_state, again_weights = optimizer.next(state, weights, gradients)
+
+    for original, kept in zip((weights, gradients, state), before, strict=True):
+        np.testing.assert_equal(original, kept)
+    np.testing.assert_equal(again_weights, new_weights)
+    np.testing.assert_equal(again_state, new_state)
+    assert [w.dtype for w in new_weights] == [np.float32, np.float32]
+    assert [w.shape for w in new_weights] == [(2, 3), (3,)]
+    assert not np.array_equal(new_weights[0], weights[0])
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: sgd(-0.1), r"learning_rate must be a number >= 0, got -0\.1"),
+        (lambda: sgd("0.1"), r"learning_rate must be a number >= 0, got '0\.1'"),
+        (lambda: sgd(True), r"learning_rate must be a number >= 0, got True"),
+        (lambda: sgd(0.1, momentum=1.0), r"momentum must be below 1\.0, got 1\.0"),
+        (lambda: sgd(0.1, momentum=-0.5), r"momentum must be a number >= 0, got -0\.5"),
+        (lambda: adam(-1.0), r"learning_rate must be a number >= 0, got -1\.0"),
+        (lambda: adam(beta_1=1.0), r"beta_1 must be below 1\.0, got 1\.0"),
+        (lambda: adam(beta_2=1.5), r"beta_2 must be below 1\.0, got 1\.5"),
+        (lambda: adam(epsilon=-1e-7), r"epsilon must be a number >= 0, got -1e-07"),
+    ],
+)
+async def test_invalid_hyperparameters_are_refused(build, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
