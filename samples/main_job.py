@@ -48,7 +48,8 @@ from programlogic import EvaluationManager, LocalContext, Sampling, final_model_
 logger = logging.getLogger("main_job")
 
 DATASETS = ("digits", "fashion_mnist", "emnist")
-MODELS = ("softmax", "mlp", "cnn")
+CLIENT_LEARNING_RATES = {"softmax": 0.02, "mlp": 0.05, "cnn": 0.1}
+"""The default client learning rate of each model: the tutorial's for its softmax regression."""
 RUN_DEFINING = (
     "dataset",
     "emnist_train",
@@ -308,13 +309,17 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--emnist-test", type=Path, help="federated EMNIST test .h5 file")
     parser.add_argument(
         "--model",
-        choices=MODELS,
+        choices=list(CLIENT_LEARNING_RATES),
         default="softmax",
         help="softmax: the tutorial's; mlp: one hidden layer; cnn: two convolutions",
     )
     parser.add_argument("--epochs", type=_whole(1), default=5, help="local epochs per round")
     parser.add_argument("--batch-size", type=_whole(1), default=5, help="client batch size")
-    parser.add_argument("--client-lr", type=_rate, default=0.02, help="client SGD learning rate")
+    parser.add_argument(
+        "--client-lr",
+        type=_rate,
+        help="client SGD learning rate (default: 0.02 for softmax, 0.05 for mlp, 0.1 for cnn)",
+    )
     parser.add_argument("--server-lr", type=_rate, default=1.0, help="server SGD learning rate")
     parser.add_argument(
         "--eval-every",
@@ -336,6 +341,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="directory of the run's state, metrics and models",
     )
     arguments = parser.parse_args(argv)
+    if arguments.client_lr is None:
+        arguments.client_lr = CLIENT_LEARNING_RATES[arguments.model]
     if arguments.dataset == "emnist" and arguments.emnist_train is None:
         parser.error("--dataset emnist needs --emnist-train FILE.h5")
     if arguments.dataset != "emnist" and (arguments.emnist_train or arguments.emnist_test):

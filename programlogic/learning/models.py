@@ -55,7 +55,7 @@ def mlp(
 
 
 def cnn(
-    input_shape: Sequence[int], num_classes: int = 10, filters: int = 16, seed: int = 0
+    input_shape: Sequence[int], num_classes: int = 10, filters: int = 32, seed: int = 0
 ) -> keras.Model:
     """A small CNN for square images (given as ``(h, w)`` or ``(h, w, 1)``, or flattened).
 

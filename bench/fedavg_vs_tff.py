@@ -1,0 +1,414 @@
+"""Our federated averaging against TFF 0.87's, on the same data, in the same run.
+
+The TFF EMNIST tutorial's configuration: every round the same cohort of N clients
+(``--clients``, default 10 and 100) trains the softmax regression 784->10 (zero init)
+for 5 epochs of batches of 5, without shuffling (so both systems see the same batches),
+with client SGD 0.02 and server SGD 1.0, example-weighted. Each client holds 100
+synthetic examples: 784 uniform float32 features and a uniform label in 0..9, seeded
+as the anchor's own synthetic clients are (numpy ``default_rng(0)``; the first 10
+clients are exactly the anchor's). Synthetic because scikit-learn's digits are 8x8 and
+the timing depends only on the shapes; the losses are compared all the same.
+
+For each N, the clients are written to a temporary ``.npz`` in the anchor's format
+(``x_0..``, ``y_0..``) and three things are timed:
+
+- TFF: ``../shared/anchors/tff_fedavg.py --clients FILE --no-shuffle`` in the TFF venv
+  (``setup_tff_venv.sh`` finds or builds it; ``--skip-tff`` skips this part);
+- ours, bare: ``build_weighted_fed_avg(...).next`` in a loop inside ``LocalContext``;
+- ours, the whole program: ``train_model`` with a ``FileProgramStateManager``, CSV and
+  TensorBoard metrics (grouped) and a ``ModelFileReleaseManager`` in a temporary
+  directory. A round's time is the time between two consecutive metric releases.
+
+Ours runs ``--repeats`` times (default 3), bare and program alternating, after a
+2-round warm-up of the program that is not counted (its first releases import
+tensorboardX, about 0.2 s holding the GIL, which would otherwise slow rounds 2-3 of the
+first run). Every run builds a new process, so its first round traces and compiles
+(XLA) again. Medians pool the rounds after the first of every run; the first rounds
+are reported apart ("first", their median). The losses of every round of every run must
+agree with TFF's to 1e-5 relative, or the script exits with status 1. Prints a table,
+then one JSON line with every number.
+
+    python bench/fedavg_vs_tff.py [--clients 10 100] [--rounds R] [--skip-tff]
+        [--workers 2] [--clients-per-group 10] [--repeats 3]
+
+In CI: ``python bench/fedavg_vs_tff.py --rounds 4 --clients 10``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import anyio
+import numpy as np
+
+from managers import (
+    CSVFileReleaseManager,
+    FileProgramStateManager,
+    GroupingReleaseManager,
+    ModelFileReleaseManager,
+    ReleaseManager,
+    TensorBoardReleaseManager,
+)
+from managers.values import materialize
+from programlogic import InMemoryDataSource, LocalContext, Sampling, train_model
+from programlogic.datasets.arrays import ClientArrays
+from programlogic.datasets.preprocessing import Preprocessing
+from programlogic.learning import build_weighted_fed_avg, sgd, softmax_regression
+
+REPO = Path(__file__).resolve().parent.parent
+ANCHORS = REPO.parent / "shared" / "anchors"
+EXAMPLES_PER_CLIENT = 100
+TOLERANCE = 1e-5
+
+
+def make_clients(count: int) -> list[ClientArrays]:
+    """``count`` clients of 100 synthetic examples, drawn as the anchor draws its own."""
+    rng = np.random.default_rng(0)
+    clients = []
+    for _ in range(count):
+        x = rng.random((EXAMPLES_PER_CLIENT, 784), dtype=np.float32)
+        y = rng.integers(0, 10, (EXAMPLES_PER_CLIENT, 1)).astype(np.int32).reshape(-1)
+        clients.append(ClientArrays(x, y))
+    return clients
+
+
+def write_npz(path: Path, clients: list[ClientArrays]) -> None:
+    """The clients in the anchor's format: ``x_i`` float32 [m, 784], ``y_i`` int32 [m]."""
+    arrays: dict[str, np.ndarray] = {}
+    for index, client in enumerate(clients):
+        arrays[f"x_{index}"] = client.x
+        arrays[f"y_{index}"] = client.y
+    np.savez(path, **arrays)
+
+
+def tff_python() -> str:
+    """The TFF venv's interpreter; ``setup_tff_venv.sh`` prints the venv on its last line."""
+    setup = ANCHORS / "setup_tff_venv.sh"
+    if not setup.exists():
+        sys.exit(f"fedavg_vs_tff: {setup} is missing (shared/ must sit beside the repo)")
+    done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"fedavg_vs_tff: {setup} failed:\n{done.stderr[-2000:]}")
+    venv = done.stdout.strip().splitlines()[-1].strip()
+    return str(Path(venv) / "bin" / "python")
+
+
+def run_tff(python: str, npz: Path, rounds: int) -> dict[str, Any]:
+    """The anchor's JSON line for ``rounds`` rounds on the clients in ``npz``."""
+    command = [
+        python,
+        str(ANCHORS / "tff_fedavg.py"),
+        "--clients",
+        str(npz),
+        "--rounds",
+        str(rounds),
+        "--no-shuffle",
+    ]
+    # TFF starts a worker_binary that outlives the anchor and keeps its stdout open:
+    # the anchor runs in a session of its own, its output goes to files, and whatever
+    # of its process group is left when it exits is ended.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        anchor = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
+        try:
+            returncode = anchor.wait()
+        finally:
+            try:
+                os.killpg(anchor.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass  # nothing was left
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if returncode != 0 or not lines:
+        sys.exit(f"fedavg_vs_tff: {' '.join(command)} failed ({returncode}):\n{stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def build_process(clients_per_group: int) -> Any:
+    """Our FedAvg in the tutorial's configuration, without shuffling."""
+    return build_weighted_fed_avg(
+        functools.partial(softmax_regression, (784,), 10),
+        sgd(0.02),
+        sgd(1.0),
+        preprocess=Preprocessing(epochs=5, batch_size=5, shuffle_buffer=0),
+        seed=0,
+        clients_per_group=clients_per_group,
+    )
+
+
+def loss_of(metrics: Any) -> float:
+    return float(metrics["client_work"]["train"]["loss"])
+
+
+async def run_bare(
+    source: InMemoryDataSource, rounds: int, workers: int, clients_per_group: int
+) -> dict[str, Any]:
+    """``process.next`` in a loop: seconds of each round and its loss."""
+    process = build_process(clients_per_group)
+    handles = source.all_clients()
+    times, losses = [], []
+    async with LocalContext(max_workers=workers):
+        state = process.initialize()
+        for _ in range(rounds):
+            start = time.perf_counter()
+            output = await process.next(state, handles)
+            times.append(time.perf_counter() - start)
+            state = output.state
+            losses.append(loss_of(output.metrics))
+    return {"round_s": times, "loss": losses}
+
+
+class ReleaseTimes(ReleaseManager):
+    """Hands each release on to ``inner``, then notes the time and loss of its key."""
+
+    def __init__(self, inner: ReleaseManager) -> None:
+        self.inner = inner
+        self.times: dict[int, float] = {}
+        self.losses: dict[int, float] = {}
+
+    async def release(self, value: Any, key: int | str) -> None:
+        await self.inner.release(value, key)
+        if isinstance(key, int):
+            self.times[key] = time.perf_counter()
+            self.losses[key] = loss_of(await materialize(value))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def run_program(
+    source: InMemoryDataSource,
+    rounds: int,
+    workers: int,
+    clients_per_group: int,
+    directory: Path,
+) -> dict[str, Any]:
+    """``train_model`` with file state, CSV + TensorBoard metrics and model files."""
+    process = build_process(clients_per_group)
+    async with (
+        LocalContext(max_workers=workers),
+        FileProgramStateManager(directory / "state", keep_total=3) as state_manager,
+        ReleaseTimes(
+            GroupingReleaseManager(
+                [
+                    CSVFileReleaseManager(directory / "metrics.csv"),
+                    TensorBoardReleaseManager(directory / "tensorboard"),
+                ]
+            )
+        ) as metrics,
+    ):
+        start = time.perf_counter()
+        await train_model(
+            train_process=process,
+            train_data_source=source,
+            train_per_round_clients=len(source.client_ids),
+            train_total_rounds=rounds,
+            program_state_manager=state_manager,
+            model_output_manager=ModelFileReleaseManager(directory / "models"),
+            train_metrics_manager=metrics,
+            seed=0,
+        )
+        total = time.perf_counter() - start
+    keys = list(range(1, rounds + 1))
+    stamps = [start] + [metrics.times[key] for key in keys]
+    # Round r's time: from round r-1's metric release to round r's.
+    return {
+        "round_s": [b - a for a, b in itertools.pairwise(stamps)],
+        "loss": [metrics.losses[key] for key in keys],
+        "total_s": total,
+    }
+
+
+def max_relative_difference(ours: list[float], theirs: list[float]) -> float:
+    if len(ours) != len(theirs):
+        raise ValueError(f"{len(ours)} losses against {len(theirs)}")
+    return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(ours, theirs, strict=True))
+
+
+def first(runs: list[dict[str, Any]]) -> float:
+    """Median milliseconds of the first round (tracing, compilation) of ``runs``."""
+    return statistics.median(run["round_s"][0] for run in runs) * 1e3
+
+
+def steady(runs: list[dict[str, Any]]) -> float:
+    """Median milliseconds of the rounds after the first, pooled over ``runs``."""
+    return statistics.median(t for run in runs for t in run["round_s"][1:]) * 1e3
+
+
+async def measure(
+    count: int, rounds: int, arguments: argparse.Namespace, tff: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Our two timings on ``count`` clients, beside TFF's (``None`` when skipped)."""
+    clients = make_clients(count)
+    source = InMemoryDataSource(
+        {f"client_{index:04d}": client for index, client in enumerate(clients)},
+        sampling=Sampling.FIXED,
+    )
+    row: dict[str, Any] = {
+        "clients": count,
+        "rounds": rounds,
+        "workers": arguments.workers,
+        "clients_per_group": arguments.clients_per_group,
+    }
+    workers, group = arguments.workers, arguments.clients_per_group
+    with tempfile.TemporaryDirectory(prefix="fedavg_vs_tff_") as scratch:
+        # Warm-up, not counted: the first releases import tensorboardX (about 0.2 s that
+        # hold the GIL while round 2 trains) and open files for the first time.
+        await run_program(source, 2, workers, group, Path(scratch) / "warm_up")
+        bares, programs = [], []
+        for repeat in range(arguments.repeats):  # alternate, as the machine's speed drifts
+            bares.append(await run_bare(source, rounds, workers, group))
+            programs.append(
+                await run_program(source, rounds, workers, group, Path(scratch) / str(repeat))
+            )
+    row.update(
+        repeats=arguments.repeats,
+        ours_bare_first_ms=first(bares),
+        ours_bare_median_ms=steady(bares),
+        ours_program_first_ms=first(programs),
+        ours_program_median_ms=steady(programs),
+        ours_bare_round_ms=[[t * 1e3 for t in run["round_s"]] for run in bares],
+        ours_program_round_ms=[[t * 1e3 for t in run["round_s"]] for run in programs],
+        ours_loss=bares[0]["loss"],
+        program_vs_bare_loss_rel_diff=max(
+            max_relative_difference(run["loss"], bares[0]["loss"]) for run in bares + programs
+        ),
+    )
+    row["program_overhead_pct"] = 100 * (
+        row["ours_program_median_ms"] / row["ours_bare_median_ms"] - 1
+    )
+    if tff is not None:
+        row.update(
+            tff_build_init_s=tff["build_init_s"],
+            tff_first_ms=first([tff]),
+            tff_median_ms=steady([tff]),
+            tff_round_ms=[t * 1e3 for t in tff["round_s"]],
+            tff_loss=tff["loss"],
+            loss_rel_diff=max(
+                max_relative_difference(run["loss"], tff["loss"]) for run in bares + programs
+            ),
+        )
+        row["speedup_bare"] = row["tff_median_ms"] / row["ours_bare_median_ms"]
+        row["speedup_program"] = row["tff_median_ms"] / row["ours_program_median_ms"]
+    return row
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    def number(row: dict[str, Any], key: str, form: str) -> str:
+        return format(row[key], form) if key in row else "-"
+
+    header = (
+        "clients/round",
+        "rounds",
+        "TFF median ms",
+        "ours bare ms",
+        "ours train_model ms",
+        "speedup bare",
+        "speedup train_model",
+        "overhead %",
+        "loss max rel diff",
+        "first ms TFF/bare/program",
+    )
+    table = [header]
+    for row in rows:
+        first = "/".join(
+            number(row, key, ".0f")
+            for key in ("tff_first_ms", "ours_bare_first_ms", "ours_program_first_ms")
+        )
+        table.append(
+            (
+                str(row["clients"]),
+                str(row["rounds"]),
+                number(row, "tff_median_ms", ".1f"),
+                number(row, "ours_bare_median_ms", ".1f"),
+                number(row, "ours_program_median_ms", ".1f"),
+                number(row, "speedup_bare", ".1f"),
+                number(row, "speedup_program", ".1f"),
+                number(row, "program_overhead_pct", "+.1f"),
+                number(row, "loss_rel_diff", ".2e"),
+                first,
+            )
+        )
+    widths = [max(len(line[column]) for line in table) for column in range(len(header))]
+    for index, line in enumerate(table):
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=positive, nargs="+", default=[10, 100])
+    parser.add_argument(
+        "--rounds", type=positive, default=None, help="default: 10 for <= 10 clients, else 5"
+    )
+    parser.add_argument("--skip-tff", action="store_true", help="time ours only")
+    parser.add_argument("--workers", type=positive, default=2, help="LocalContext max_workers")
+    parser.add_argument("--clients-per-group", type=positive, default=10)
+    parser.add_argument(
+        "--repeats", type=positive, default=3, help="runs of ours, each bare then train_model"
+    )
+    arguments = parser.parse_args()
+    if arguments.rounds is not None and arguments.rounds < 2:
+        parser.error("--rounds must be at least 2: the first round is left out of the medians")
+    python = None if arguments.skip_tff else tff_python()
+    rows = []
+    for count in arguments.clients:
+        rounds = arguments.rounds or (10 if count <= 10 else 5)
+        tff = None
+        if python is not None:
+            with tempfile.TemporaryDirectory(prefix="fedavg_vs_tff_") as scratch:
+                npz = Path(scratch) / "clients.npz"
+                write_npz(npz, make_clients(count))
+                tff = run_tff(python, npz, rounds)
+        row = anyio.run(measure, count, rounds, arguments, tff)
+        rows.append(row)
+        print(
+            f"# {count} clients done: ours {row['ours_bare_median_ms']:.1f} ms/round",
+            file=sys.stderr,
+            flush=True,
+        )
+    print_table(rows)
+    failed = [row["clients"] for row in rows if row.get("loss_rel_diff", 0.0) > TOLERANCE]
+    print(
+        json.dumps(
+            {
+                "benchmark": "fedavg vs tff",
+                "data": "synthetic, 100 examples of 784 uniform float32 per client, seed 0",
+                "tolerance": TOLERANCE,
+                "losses_agree": not failed,
+                "rows": rows,
+            }
+        )
+    )
+    if failed:
+        sys.exit(
+            f"fedavg_vs_tff: losses differ from TFF's by more than {TOLERANCE} relative "
+            f"at {failed} clients"
+        )
+
+
+if __name__ == "__main__":
+    main()
