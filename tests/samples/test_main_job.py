@@ -69,7 +69,7 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
     assert again.returncode == 0, again.stderr
     assert "already holds round 4 of 4" in again.stderr
 
-    other = main_job("--rounds", 4, "--model", "mlp", "--root", pieces)
+    other = main_job("--rounds", 4, "--model", "mlp", "--client-lr", 0.02, "--root", pieces)
     assert other.returncode == 1
     assert other.stderr.strip().splitlines()[-1] == (
         f"main_job: {pieces} holds a run configured otherwise (--model 'softmax' -> 'mlp'): "
