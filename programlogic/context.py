@@ -75,6 +75,8 @@ class FederatedContext(abc.ABC):
       failures nobody collected are raised then.
     - ``open()`` / ``close()`` hooks, called on entering and leaving, with no-op
       defaults: start and stop what the backend needs there.
+    - ``parallelism``: how many units of client work run at once (default 1); backends
+      with several workers override it.
 
     A context may be entered once at a time; entering it again while it is entered is
     an error. Example::
@@ -120,6 +122,15 @@ class FederatedContext(abc.ABC):
         for result in await self.map_clients(fn, broadcast, clients, group_size=group_size):
             total = accumulate(total, result)
         return total
+
+    @property
+    def parallelism(self) -> int:
+        """How many units of client work this context computes at once (1 unless overridden).
+
+        A hint for processes that group clients (``map_clients(..., group_size=...)``):
+        splitting a round into at least this many groups keeps every worker busy.
+        """
+        return 1
 
     @property
     def background(self) -> TaskTracker:

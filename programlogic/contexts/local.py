@@ -44,6 +44,11 @@ class LocalContext(FederatedContext):
         self.max_workers = max_workers or os.cpu_count() or 1
         self._limiter: anyio.CapacityLimiter | None = None
 
+    @property
+    def parallelism(self) -> int:
+        """``max_workers``: the threads that compute at once."""
+        return self.max_workers
+
     async def open(self) -> None:
         self._limiter = anyio.CapacityLimiter(self.max_workers)
 

@@ -4,13 +4,19 @@ Needs TensorFlow >= 2.16 with Keras 3 (``pip install 'programlogic[learning]'``)
 Client work runs through the current federated context in compiled, vectorized groups.
 """
 
-from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
+from programlogic.learning.fed_avg import (
+    MAX_CLIENTS_PER_GROUP,
+    WeightedFedAvg,
+    build_weighted_fed_avg,
+    plan_group_size,
+)
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.keras_model import SUPPORTED_METRICS, FunctionalModel, ModelWeights
 from programlogic.learning.models import MODELS, build_model, cnn, mlp, softmax_regression
 from programlogic.learning.optimizers import SGD, Adam, Optimizer, adam, sgd
 
 __all__ = [
+    "MAX_CLIENTS_PER_GROUP",
     "MODELS",
     "SGD",
     "SUPPORTED_METRICS",
@@ -26,6 +32,7 @@ __all__ = [
     "build_weighted_fed_avg",
     "cnn",
     "mlp",
+    "plan_group_size",
     "sgd",
     "softmax_regression",
 ]

@@ -36,7 +36,6 @@ class _Totals:
     delta_sum: list[np.ndarray] | None = None
     weight: float = 0.0
     sums: dict[str, float] = dataclasses.field(default_factory=dict)
-    clients: int = 0
     non_finite_clients: int = 0
 
 
@@ -50,9 +49,11 @@ class WeightedFedAvg:
     A client whose delta is not finite gets weight 0 (and is counted); a round whose
     averaged update is not finite leaves the model unchanged (``finalizer/update_non_finite``).
 
-    Client work runs through the current federated context, ``clients_per_group``
-    clients at a time in one compiled, vectorized TensorFlow call (XLA): clients of
-    unequal size are padded with masked batches. Each client's data is preprocessed
+    Client work runs through the current federated context, a group of clients at a
+    time in one compiled, vectorized TensorFlow call (XLA): clients of unequal size are
+    padded with masked batches. Groups hold ``clients_per_group`` clients, or by
+    default the round split evenly over the context's ``parallelism`` (at most
+    :data:`MAX_CLIENTS_PER_GROUP` a group). Each client's data is preprocessed
     where the work runs with the seed ``client_seed(seed, round, client_id)``, so for
     a fixed configuration a seed gives the same model, bit for bit, across restarts.
 
@@ -73,7 +74,7 @@ class WeightedFedAvg:
         server_optimizer: Optimizer,
         preprocess: Preprocessing,
         seed: int,
-        clients_per_group: int,
+        clients_per_group: int | None,
     ) -> None:
         self.model = model
         self.client_optimizer = client_optimizer
@@ -100,7 +101,7 @@ class WeightedFedAvg:
             raise ValueError("a FedAvg round needs at least one client, got none")
         context = get_context()
         round_num = int(state["round"]) + 1
-        group_size = min(self.clients_per_group, len(clients))
+        group_size = plan_group_size(len(clients), context.parallelism, self.clients_per_group)
         broadcast = (state["model"], round_num, group_size)
         totals = await context.aggregate_clients(
             self._train_group,
@@ -247,7 +248,6 @@ class WeightedFedAvg:
 
 
 def _accumulate(totals: _Totals, update: _ClientUpdate) -> _Totals:
-    totals.clients += 1
     for name, value in update.sums.items():
         totals.sums[name] = totals.sums.get(name, 0.0) + value
     if not update.finite:
@@ -269,14 +269,35 @@ def ratio(numerator: float, denominator: float) -> float:
     return float(np.float32(numerator / denominator))
 
 
+MAX_CLIENTS_PER_GROUP = 64
+"""The largest group the default grouping makes: bounds the memory of one compiled call."""
+
+
+def plan_group_size(num_clients: int, parallelism: int, clients_per_group: int | None) -> int:
+    """How many clients of a round of ``num_clients`` go into one compiled call.
+
+    ``clients_per_group`` when given (at most ``num_clients``); otherwise the round is
+    split evenly into a multiple of ``parallelism`` groups of at most
+    :data:`MAX_CLIENTS_PER_GROUP` clients.
+    """
+    if clients_per_group is not None:
+        return min(clients_per_group, num_clients)
+    parallelism = max(1, parallelism)
+    groups = max(parallelism, math.ceil(num_clients / MAX_CLIENTS_PER_GROUP))
+    groups = math.ceil(groups / parallelism) * parallelism
+    return max(1, math.ceil(num_clients / groups))
+
+
 def check_clients_per_group(clients_per_group: object) -> None:
-    """Raise ``ValueError`` unless ``clients_per_group`` is an int >= 1."""
-    if (
+    """Raise ``ValueError`` unless ``clients_per_group`` is None or an int >= 1."""
+    if clients_per_group is not None and (
         isinstance(clients_per_group, bool)
         or not isinstance(clients_per_group, int)
         or clients_per_group < 1
     ):
-        raise ValueError(f"clients_per_group must be an int >= 1, got {clients_per_group!r}")
+        raise ValueError(
+            f"clients_per_group must be an int >= 1 or None, got {clients_per_group!r}"
+        )
 
 
 def build_weighted_fed_avg(
@@ -288,7 +309,7 @@ def build_weighted_fed_avg(
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
     seed: int = 0,
-    clients_per_group: int = 10,
+    clients_per_group: int | None = None,
 ) -> WeightedFedAvg:
     """A :class:`WeightedFedAvg` learning process for the Keras model ``model_fn`` builds.
 
@@ -300,7 +321,9 @@ def build_weighted_fed_avg(
     - ``preprocess``: turns a client's arrays into batches (default
       ``Preprocessing(epochs=5, batch_size=20, shuffle_buffer=100)``).
     - ``seed``: seeds every client's shuffle with ``(seed, round, client id)``.
-    - ``clients_per_group``: how many clients train in one compiled vectorized call.
+    - ``clients_per_group``: how many clients train in one compiled vectorized call
+      (default: the round split evenly over the context's workers, see
+      :func:`plan_group_size`).
     """
     if client_optimizer is None:
         client_optimizer = sgd(0.02)

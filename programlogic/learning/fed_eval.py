@@ -12,7 +12,7 @@ from programlogic.context import get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._tensorflow import keras, tf
-from programlogic.learning.fed_avg import check_clients_per_group, ratio
+from programlogic.learning.fed_avg import check_clients_per_group, plan_group_size, ratio
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_batches
 from programlogic.process import LearningProcessOutput
 
@@ -45,7 +45,7 @@ class FederatedEvaluation:
     """
 
     def __init__(
-        self, model: FunctionalModel, preprocess: Preprocessing, clients_per_group: int
+        self, model: FunctionalModel, preprocess: Preprocessing, clients_per_group: int | None
     ) -> None:
         self.model = model
         self.preprocess = preprocess
@@ -63,7 +63,7 @@ class FederatedEvaluation:
         if not clients:
             raise ValueError("an evaluation round needs at least one client, got none")
         context = get_context()
-        group_size = min(self.clients_per_group, len(clients))
+        group_size = plan_group_size(len(clients), context.parallelism, self.clients_per_group)
         sums = await context.aggregate_clients(
             self._evaluate_group,
             (state["model"], group_size),
@@ -152,7 +152,7 @@ def build_fed_eval(
     loss: Any = None,
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
-    clients_per_group: int = 10,
+    clients_per_group: int | None = None,
 ) -> FederatedEvaluation:
     """A :class:`FederatedEvaluation` of the Keras model ``model_fn`` builds.
 

@@ -251,3 +251,8 @@ async def test_map_clients_outside_the_entered_context_is_an_error() -> None:
     source = InMemoryDataSource({"a": 1})
     with pytest.raises(RuntimeError, match="not entered"):
         await LocalContext().map_clients(lambda b, c, d: d, None, source.iterator(0).select(1, 1))
+
+
+async def test_parallelism_is_the_number_of_workers() -> None:
+    assert LocalContext(max_workers=3).parallelism == 3
+    assert LocalContext().parallelism == LocalContext().max_workers >= 1

@@ -34,9 +34,11 @@ from programlogic import (
 )
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import (
+    MAX_CLIENTS_PER_GROUP,
     WeightedFedAvg,
     adam,
     build_weighted_fed_avg,
+    plan_group_size,
     sgd,
     softmax_regression,
 )
@@ -366,7 +368,11 @@ async def test_set_model_weights_refuses_a_wrong_shape() -> None:
         ({"preprocess": {"epochs": 1}}, TypeError, "preprocess must be a Preprocessing, got dict"),
         ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
         ({"seed": 1.0}, ValueError, r"seed must be an int >= 0, got 1\.0"),
-        ({"clients_per_group": 0}, ValueError, "clients_per_group must be an int >= 1, got 0"),
+        (
+            {"clients_per_group": 0},
+            ValueError,
+            "clients_per_group must be an int >= 1 or None, got 0",
+        ),
         ({"clients_per_group": True}, ValueError, "clients_per_group must be an int >= 1"),
         ({"metrics": ["accuracy"]}, ValueError, "got 'accuracy'"),
     ],
@@ -391,3 +397,47 @@ async def test_a_round_needs_clients() -> None:
     async with LocalContext(max_workers=2):
         with pytest.raises(ValueError, match="a FedAvg round needs at least one client, got none"):
             await process.next(process.initialize(), [])
+
+
+@pytest.mark.parametrize(
+    ("num_clients", "parallelism", "clients_per_group", "expected"),
+    [
+        (10, 2, None, 5),  # the round split evenly over the workers
+        (100, 2, None, 50),
+        (11, 2, None, 6),
+        (1, 2, None, 1),
+        (10, 1, None, 10),
+        (1000, 2, None, 63),  # 16 groups: none above MAX_CLIENTS_PER_GROUP
+        (200, 3, None, 34),  # 6 groups, a multiple of the parallelism
+        (10, 2, 4, 4),  # given explicitly
+        (3, 2, 8, 3),  # never more than the round
+    ],
+)
+async def test_the_default_group_size_splits_a_round_over_the_workers(
+    num_clients: int, parallelism: int, clients_per_group: int | None, expected: int
+) -> None:
+    size = plan_group_size(num_clients, parallelism, clients_per_group)
+    assert size == expected
+    if clients_per_group is None:
+        assert size <= MAX_CLIENTS_PER_GROUP
+        assert math.ceil(num_clients / size) % parallelism == 0 or num_clients < parallelism
+
+
+async def test_the_default_grouping_gives_the_model_of_explicit_groups_of_that_size() -> None:
+    # Six ragged clients on two workers: by default two groups of three.
+    clients = {
+        f"{name}{copy}": data for copy in range(2) for name, data in ragged_clients().items()
+    }
+    models = []
+    for clients_per_group in (None, 3):
+        process = build_weighted_fed_avg(
+            functools.partial(softmax_regression, (FEATURES,), CLASSES),
+            sgd(0.1),
+            preprocess=Preprocessing(epochs=2, batch_size=4, shuffle_buffer=0),
+            clients_per_group=clients_per_group,
+        )
+        async with LocalContext(max_workers=2):
+            output = await process.next(process.initialize(), handles(clients))
+        models.append(output.state["model"]["trainable"])
+    for default, explicit in zip(*models, strict=True):
+        assert np.array_equal(default, explicit)

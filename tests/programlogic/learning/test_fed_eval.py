@@ -119,5 +119,5 @@ async def test_an_evaluation_sees_every_example_once() -> None:
         build_fed_eval(SMALL_MODEL, preprocess=Preprocessing(epochs=2))
     with pytest.raises(TypeError, match="preprocess must be a Preprocessing, got str"):
         build_fed_eval(SMALL_MODEL, preprocess="batch")
-    with pytest.raises(ValueError, match="clients_per_group must be an int >= 1, got -1"):
+    with pytest.raises(ValueError, match="clients_per_group must be an int >= 1 or None, got -1"):
         build_fed_eval(SMALL_MODEL, clients_per_group=-1)
