@@ -6,10 +6,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import anyio
-import anyio.to_thread
-
 from programlogic.context import ClientFn, FederatedContext, GroupFn
+from programlogic.contexts._threads import WorkerThreads
 from programlogic.exceptions import ClientError
 from programlogic.tasks import task_group
 
@@ -25,8 +23,11 @@ A = TypeVar("A")
 class LocalContext(FederatedContext):
     """Runs client work and server-side steps on worker threads of this process.
 
-    ``max_workers`` bounds how many threads compute at once (default: the number of
-    CPUs). Client data is loaded on the worker thread that runs the client's work.
+    The context starts ``max_workers`` threads of its own when entered (default: the
+    number of CPUs) and stops them when left; all its work runs there, so at most that
+    many calls compute at once, always on the same threads (compiled code keeps its
+    per-thread state warm). Client data is loaded on the worker thread that runs the
+    client's work.
     NumPy, TensorFlow and other libraries that release the GIL get real parallelism;
     pure-Python client work runs one thread at a time but never blocks the event loop.
 
@@ -42,7 +43,7 @@ class LocalContext(FederatedContext):
         ):
             raise ValueError(f"max_workers must be a positive int or None, got {max_workers!r}")
         self.max_workers = max_workers or os.cpu_count() or 1
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._workers: WorkerThreads | None = None
 
     @property
     def parallelism(self) -> int:
@@ -50,13 +51,15 @@ class LocalContext(FederatedContext):
         return self.max_workers
 
     async def open(self) -> None:
-        self._limiter = anyio.CapacityLimiter(self.max_workers)
+        self._workers = WorkerThreads(self.max_workers, name="programlogic-local")
 
     async def close(self) -> None:
-        self._limiter = None
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            await workers.stop()
 
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._require_limiter())
+        return await self._require_workers().run(fn, *args)
 
     async def map_clients(
         self,
@@ -89,10 +92,10 @@ class LocalContext(FederatedContext):
         await self._stream(fn, broadcast, clients, group_size, consume)
         return total
 
-    def _require_limiter(self) -> anyio.CapacityLimiter:
-        if self._limiter is None:
+    def _require_workers(self) -> WorkerThreads:
+        if self._workers is None:
             raise RuntimeError("LocalContext is not entered: use `async with LocalContext():`")
-        return self._limiter
+        return self._workers
 
     async def _stream(
         self,
@@ -103,7 +106,7 @@ class LocalContext(FederatedContext):
         consume: Callable[[Any], None],
     ) -> None:
         """Run the work of ``clients`` and hand each result to ``consume`` in client order."""
-        limiter = self._require_limiter()
+        workers = self._require_workers()
         if group_size is not None and (
             not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1
         ):
@@ -139,9 +142,7 @@ class LocalContext(FederatedContext):
             while next_unit_to_run < len(units):
                 index = next_unit_to_run
                 next_unit_to_run += 1
-                pending[index] = await anyio.to_thread.run_sync(
-                    compute, units[index], limiter=limiter
-                )
+                pending[index] = await workers.run(compute, units[index])
                 while next_unit_to_consume in pending:
                     for result in pending.pop(next_unit_to_consume):
                         consume(result)

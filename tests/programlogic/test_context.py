@@ -256,3 +256,39 @@ async def test_map_clients_outside_the_entered_context_is_an_error() -> None:
 async def test_parallelism_is_the_number_of_workers() -> None:
     assert LocalContext(max_workers=3).parallelism == 3
     assert LocalContext().parallelism == LocalContext().max_workers >= 1
+
+
+async def test_all_work_runs_on_the_context_s_own_threads_which_stop_when_it_is_left() -> None:
+    def thread_of(*_: object) -> threading.Thread:
+        time.sleep(0.001)
+        return threading.current_thread()
+
+    async with LocalContext(max_workers=2) as context:
+        first = await context.map_clients(thread_of, None, handles(20))
+        second = await context.map_clients(thread_of, None, handles(20))
+        server = await context.run(thread_of)
+    threads = set(first) | set(second) | {server}
+    assert len(threads) == 2
+    assert sorted(t.name for t in threads) == ["programlogic-local-0", "programlogic-local-1"]
+    assert not any(thread.is_alive() for thread in threads)
+
+
+async def test_a_cancelled_run_finishes_the_call_in_progress_and_withdraws_queued_ones() -> None:
+    started, finished, ran = threading.Event(), threading.Event(), []
+
+    def slow() -> None:
+        started.set()
+        time.sleep(0.2)
+        finished.set()
+
+    async with LocalContext(max_workers=1) as context:
+        async with anyio.create_task_group() as group:
+            group.start_soon(context.run, slow)
+            await anyio.to_thread.run_sync(started.wait)
+            group.start_soon(context.run, ran.append, "queued")
+            await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
+        assert finished.is_set()  # the running call was waited for
+        # Calls run in the order handed in: had the queued one stayed, it would run first.
+        assert await context.run(sum, [1, 2]) == 3
+        assert ran == []
