@@ -25,9 +25,15 @@ from programlogic.datasets.digits import load_digits_writers, writer_forms
 from programlogic.datasets.emnist import HDF5ClientLoader, HDF5DataSource, load_emnist_h5
 from programlogic.datasets.fashion_mnist import load_fashion_mnist
 from programlogic.datasets.partition import dirichlet_partition
-from programlogic.datasets.preprocessing import ClientBatches, Preprocessing, client_seed
+from programlogic.datasets.preprocessing import (
+    BatchOrder,
+    ClientBatches,
+    Preprocessing,
+    client_seed,
+)
 
 __all__ = [
+    "BatchOrder",
     "ClientArrays",
     "ClientBatches",
     "FederatedData",

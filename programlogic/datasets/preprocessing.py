@@ -18,7 +18,7 @@ import numpy as np
 
 from programlogic.datasets.arrays import ClientArrays
 
-__all__ = ["ClientBatches", "Preprocessing", "client_seed"]
+__all__ = ["BatchOrder", "ClientBatches", "Preprocessing", "client_seed"]
 
 
 class ClientBatches(NamedTuple):
@@ -31,6 +31,17 @@ class ClientBatches(NamedTuple):
 
     x: np.ndarray
     y: np.ndarray
+    mask: np.ndarray
+
+
+class BatchOrder(NamedTuple):
+    """The examples of a client's batches, by index: what :class:`ClientBatches` gathers.
+
+    ``indices`` is int32 ``[num_batches, batch_size]`` (index 0 in padding slots);
+    ``mask`` is float32 of the same shape, 1 for a real example and 0 for padding.
+    """
+
+    indices: np.ndarray
     mask: np.ndarray
 
 
@@ -81,7 +92,17 @@ class Preprocessing:
 
     def __call__(self, data: ClientArrays, seed: int) -> ClientBatches:
         """The batches of one client's ``data``, shuffled with ``seed`` (an int >= 0)."""
-        _check_int("seed", seed, 0)
+        examples = self.examples(data)
+        order = self.order(len(examples.y), seed)
+        padding = order.mask == 0
+        x = examples.x[order.indices]
+        x[padding] = 0.0
+        y = examples.y[order.indices]
+        y[padding] = 0
+        return ClientBatches(x, y, order.mask)
+
+    def examples(self, data: ClientArrays) -> ClientArrays:
+        """``data`` checked, as float32 and int32 arrays, each example in ``feature_shape``."""
         x = np.asarray(data.x, dtype=np.float32)
         y = np.asarray(data.y, dtype=np.int32)
         if x.ndim < 1 or y.shape != x.shape[:1]:
@@ -99,24 +120,26 @@ class Preprocessing:
                 f"{example_shape} ({math.prod(example_shape)} values)"
             )
         shape = example_shape if self.feature_shape is None else self.feature_shape
+        return ClientArrays(x.reshape(count, *shape), y)
 
+    def order(self, count: int, seed: int) -> BatchOrder:
+        """Which of ``count`` examples fills each slot of each batch, shuffled with ``seed``.
+
+        What :meth:`__call__` gathers, without gathering it: compiled client updates
+        take a client's examples once and these indices, instead of ``epochs`` copies.
+        """
+        _check_int("seed", seed, 0)
+        _check_int("count", count, 0)
         stream = self._order(count, np.random.default_rng(seed))
         total = stream.size
         num_batches = -(-total // self.batch_size)
         padded = num_batches * self.batch_size
-        indices = np.zeros(padded, dtype=np.intp)
+        indices = np.zeros(padded, dtype=np.int32)
         indices[:total] = stream
         mask = np.zeros(padded, dtype=np.float32)
         mask[:total] = 1.0
-        batch_x = x.reshape(count, *shape)[indices]
-        batch_x[total:] = 0.0
-        batch_y = y[indices]
-        batch_y[total:] = 0
-        return ClientBatches(
-            x=batch_x.reshape(num_batches, self.batch_size, *shape),
-            y=batch_y.reshape(num_batches, self.batch_size),
-            mask=mask.reshape(num_batches, self.batch_size),
-        )
+        shape = (num_batches, self.batch_size)
+        return BatchOrder(indices.reshape(shape), mask.reshape(shape))
 
     def _order(self, count: int, rng: np.random.Generator) -> np.ndarray:
         """Indices of the examples in output order, ``epochs * count`` of them.

@@ -13,7 +13,7 @@ from programlogic.context import get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
 from programlogic.learning._tensorflow import keras, tf
-from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_batches
+from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.learning.optimizers import Optimizer, sgd
 from programlogic.process import LearningProcessOutput
 
@@ -128,13 +128,15 @@ class WeightedFedAvg:
         datas: Sequence[Any],
     ) -> list[_ClientUpdate]:
         weights, round_num, group_size = broadcast
-        batches = [
-            self.preprocess(data, client_seed(self.seed, round_num, client_id))
-            for client_id, data in zip(client_ids, datas, strict=True)
+        examples = [self.preprocess.examples(data) for data in datas]
+        orders = [
+            self.preprocess.order(len(client.y), client_seed(self.seed, round_num, client_id))
+            for client_id, client in zip(client_ids, examples, strict=True)
         ]
-        xs, ys, masks = stack_batches(batches, group_size)
         deltas, finite, sums = self._train_group_compiled(
-            weights["trainable"], weights["non_trainable"], xs, ys, masks
+            weights["trainable"],
+            weights["non_trainable"],
+            *stack_clients(examples, orders, group_size),
         )
         deltas = [delta.numpy() for delta in deltas]
         finite = finite.numpy()
@@ -149,19 +151,31 @@ class WeightedFedAvg:
         ]
 
     def _train_group_graph(
-        self, trainable: list[Any], non_trainable: list[Any], xs: Any, ys: Any, masks: Any
+        self,
+        trainable: list[Any],
+        non_trainable: list[Any],
+        xs: Any,
+        ys: Any,
+        indices: Any,
+        masks: Any,
     ) -> tuple[list[Any], Any, dict[str, Any]]:
         model, optimizer = self.model, self.client_optimizer
 
-        def train_client(data: tuple[Any, Any, Any]) -> tuple[list[Any], Any, dict[str, Any]]:
-            x, y, mask = data
+        def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
+            x, y, batch_indices, mask = data
 
             def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
                 weights, others, optimizer_state, sums = carry
                 with tf.GradientTape() as tape:
                     tape.watch(weights)
+                    batch = batch_indices[index]
                     loss, new_others, batch_sums = model.batch(
-                        weights, others, x[index], y[index], mask[index], training=True
+                        weights,
+                        others,
+                        tf.gather(x, batch),
+                        tf.gather(y, batch),
+                        mask[index],
+                        training=True,
                     )
                 gradients = [
                     tf.zeros_like(w) if g is None else g
@@ -200,7 +214,7 @@ class WeightedFedAvg:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
             return delta, finite, sums
 
-        return tf.vectorized_map(train_client, (xs, ys, masks))
+        return tf.vectorized_map(train_client, (xs, ys, indices, masks))
 
     def _sum_names(self) -> list[str]:
         return ["loss_sum", "num_examples", *self.model.metrics, "num_batches"]

@@ -13,7 +13,7 @@ from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._tensorflow import keras, tf
 from programlogic.learning.fed_avg import check_clients_per_group, plan_group_size, ratio
-from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_batches
+from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.process import LearningProcessOutput
 
 __all__ = ["FederatedEvaluation", "build_fed_eval"]
@@ -113,9 +113,12 @@ class FederatedEvaluation:
         datas: Sequence[Any],
     ) -> list[dict[str, float]]:
         weights, group_size = broadcast
-        batches = [self.preprocess(data, 0) for data in datas]
+        examples = [self.preprocess.examples(data) for data in datas]
+        orders = [self.preprocess.order(len(client.y), 0) for client in examples]
         sums = self._evaluate_group_compiled(
-            weights["trainable"], weights["non_trainable"], *stack_batches(batches, group_size)
+            weights["trainable"],
+            weights["non_trainable"],
+            *stack_clients(examples, orders, group_size),
         )
         arrays = {name: np.asarray(value) for name, value in sums.items()}
         return [
@@ -124,16 +127,28 @@ class FederatedEvaluation:
         ]
 
     def _evaluate_group_graph(
-        self, trainable: list[Any], non_trainable: list[Any], xs: Any, ys: Any, masks: Any
+        self,
+        trainable: list[Any],
+        non_trainable: list[Any],
+        xs: Any,
+        ys: Any,
+        indices: Any,
+        masks: Any,
     ) -> dict[str, Any]:
         model = self.model
 
-        def evaluate_client(data: tuple[Any, Any, Any]) -> dict[str, Any]:
-            x, y, mask = data
+        def evaluate_client(data: tuple[Any, ...]) -> dict[str, Any]:
+            x, y, batch_indices, mask = data
 
             def step(index: Any, sums: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+                batch = batch_indices[index]
                 _, _, batch_sums = model.batch(
-                    trainable, non_trainable, x[index], y[index], mask[index], training=False
+                    trainable,
+                    non_trainable,
+                    tf.gather(x, batch),
+                    tf.gather(y, batch),
+                    mask[index],
+                    training=False,
                 )
                 return index + 1, {name: sums[name] + batch_sums[name] for name in sums}
 
@@ -143,7 +158,7 @@ class FederatedEvaluation:
             )
             return sums
 
-        return tf.vectorized_map(evaluate_client, (xs, ys, masks))
+        return tf.vectorized_map(evaluate_client, (xs, ys, indices, masks))
 
 
 def build_fed_eval(

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from programlogic.datasets.arrays import ClientArrays
+from programlogic.datasets.preprocessing import BatchOrder
 from programlogic.learning._tensorflow import keras, tf
 
-__all__ = ["SUPPORTED_METRICS", "FunctionalModel", "ModelWeights"]
+__all__ = [
+    "SUPPORTED_METRICS",
+    "ClientGroup",
+    "FunctionalModel",
+    "ModelWeights",
+    "bucket",
+    "stack_clients",
+]
 
 ModelWeights = dict[str, list[np.ndarray]]
 """``{"trainable": [...], "non_trainable": [...]}``: a model's weights in Keras order."""
@@ -149,21 +158,38 @@ def bucket(count: int) -> int:
     return mantissa * 2**exponent
 
 
-def stack_batches(batches: Sequence[Any], group_size: int) -> tuple[np.ndarray, ...]:
-    """Client batches stacked into arrays ``[group_size, num_batches, batch_size, ...]``.
+class ClientGroup(NamedTuple):
+    """A group of clients stacked for one compiled call.
 
-    Clients are padded with masked (empty) batches up to a common, bucketed number of
-    batches, and the group with empty clients up to ``group_size``, so that a compiled
-    group function sees few distinct shapes.
+    ``x`` float32 ``[group, examples, *features]`` and ``y`` ``[group, examples]`` hold
+    each client's examples once; ``indices`` int32 ``[group, batches, batch_size]`` say
+    which example fills each batch slot, and ``mask`` (same shape, float32) which slots
+    are real. Clients are padded up to common, bucketed sizes and the group with empty
+    clients up to its size, so that a compiled group function sees few distinct shapes.
     """
-    first = batches[0]
-    num_batches = bucket(max(len(b.mask) for b in batches))
-    xs = np.zeros((group_size, num_batches, *first.x.shape[1:]), dtype=np.float32)
-    ys = np.zeros((group_size, num_batches, *first.y.shape[1:]), dtype=first.y.dtype)
-    masks = np.zeros((group_size, num_batches, *first.mask.shape[1:]), dtype=np.float32)
-    for index, client in enumerate(batches):
-        length = len(client.mask)
-        xs[index, :length] = client.x
-        ys[index, :length] = client.y
-        masks[index, :length] = client.mask
-    return xs, ys, masks
+
+    x: np.ndarray
+    y: np.ndarray
+    indices: np.ndarray
+    mask: np.ndarray
+
+
+def stack_clients(
+    examples: Sequence[ClientArrays], orders: Sequence[BatchOrder], group_size: int
+) -> ClientGroup:
+    """The clients' ``examples`` and batch ``orders`` stacked into one :class:`ClientGroup`."""
+    first_x, first_order = examples[0].x, orders[0]
+    num_examples = bucket(max(len(client.y) for client in examples))
+    num_batches = bucket(max(len(order.mask) for order in orders))
+    group = ClientGroup(
+        x=np.zeros((group_size, num_examples, *first_x.shape[1:]), dtype=np.float32),
+        y=np.zeros((group_size, num_examples), dtype=np.int32),
+        indices=np.zeros((group_size, num_batches, *first_order.indices.shape[1:]), dtype=np.int32),
+        mask=np.zeros((group_size, num_batches, *first_order.mask.shape[1:]), dtype=np.float32),
+    )
+    for index, (client, order) in enumerate(zip(examples, orders, strict=True)):
+        group.x[index, : len(client.y)] = client.x
+        group.y[index, : len(client.y)] = client.y
+        group.indices[index, : len(order.mask)] = order.indices
+        group.mask[index, : len(order.mask)] = order.mask
+    return group

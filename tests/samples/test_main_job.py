@@ -50,7 +50,7 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
     done = main_job("--rounds", 4, "--eval-every", 2, "--root", whole)
     assert done.returncode == 0, done.stderr
     assert keys(whole / "metrics.csv") == [1, 2, 3, 4]
-    assert keys(whole / "evaluation.csv") == [0, 2, 4]
+    assert sorted(keys(whole / "evaluation.csv")) == [0, 2, 4]  # evaluations end in any order
     assert list((whole / "tensorboard").glob("events.out.tfevents.*"))
     assert "held-out accuracy 0." in done.stderr
 

@@ -8,7 +8,7 @@ import pytest
 
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import FunctionalModel, softmax_regression
-from programlogic.learning.keras_model import bucket, stack_batches
+from programlogic.learning.keras_model import bucket, stack_clients
 
 pytestmark = pytest.mark.anyio
 
@@ -33,25 +33,32 @@ def client(count: int, seed: int) -> ClientArrays:
     return ClientArrays(rng.random((count, 2), dtype=np.float32), np.arange(count) % 3 + 1)
 
 
-async def test_stack_batches_pads_clients_to_a_bucket_and_the_group_to_its_size() -> None:
+async def test_stack_clients_pads_clients_to_a_bucket_and_the_group_to_its_size() -> None:
     preprocess = Preprocessing(epochs=1, batch_size=4, shuffle_buffer=0)
     small, large = client(3, 0), client(35, 1)  # 1 and 9 batches; 9 pads to 10
-    batches = [preprocess(small, 0), preprocess(large, 0)]
+    examples = [preprocess.examples(small), preprocess.examples(large)]
+    orders = [preprocess.order(3, 0), preprocess.order(35, 0)]
 
-    xs, ys, masks = stack_batches(batches, group_size=3)
+    group = stack_clients(examples, orders, group_size=3)
 
-    assert xs.shape == (3, 10, 4, 2) and xs.dtype == np.float32
-    assert ys.shape == (3, 10, 4) and ys.dtype == np.int32
-    assert masks.shape == (3, 10, 4) and masks.dtype == np.float32
-    np.testing.assert_array_equal(xs[0, 0, :3], small.x)
-    np.testing.assert_array_equal(ys[0, 0, :3], small.y)
-    np.testing.assert_array_equal(masks[0, 0], [1, 1, 1, 0])
-    np.testing.assert_array_equal(xs[1, :9].reshape(-1, 2)[:35], large.x)
-    np.testing.assert_array_equal(ys[1, :9].reshape(-1)[:35], large.y)
-    assert masks[0].sum() == 3 and masks[1].sum() == 35 and masks[2].sum() == 0
-    assert masks[1, 8].tolist() == [1, 1, 1, 0] and not masks[1, 9].any()
-    # Whatever is masked out is zero, so no padding reaches a sum.
-    assert not xs[masks == 0].any() and not ys[masks == 0].any()
+    assert group.x.shape == (3, 40, 2) and group.x.dtype == np.float32  # 35 pads to 40
+    assert group.y.shape == (3, 40) and group.y.dtype == np.int32
+    assert group.indices.shape == (3, 10, 4) and group.indices.dtype == np.int32
+    assert group.mask.shape == (3, 10, 4) and group.mask.dtype == np.float32
+    np.testing.assert_array_equal(group.x[0, :3], small.x)
+    np.testing.assert_array_equal(group.x[1, :35], large.x)
+    np.testing.assert_array_equal(group.y[1, :35], large.y)
+    assert group.mask[0].sum() == 3 and group.mask[1].sum() == 35 and group.mask[2].sum() == 0
+    assert group.mask[1, 8].tolist() == [1, 1, 1, 0] and not group.mask[1, 9].any()
+    # Gathering by the indices gives the preprocessed batches wherever the mask is set.
+    for index, data in enumerate((small, large)):
+        batches = preprocess(data, 0)
+        count = len(batches.mask)
+        gathered = np.take(group.x[index], group.indices[index, :count], axis=0)
+        np.testing.assert_array_equal(gathered[batches.mask == 1], batches.x[batches.mask == 1])
+    # Padding examples are zero and padding slots point at example 0.
+    assert not group.x[0, 3:].any() and not group.x[2].any()
+    assert not group.indices[group.mask == 0].any()
 
 
 def linear_model() -> keras.Model:
