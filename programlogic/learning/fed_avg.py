@@ -168,14 +168,8 @@ class WeightedFedAvg:
                 weights, others, optimizer_state, sums = carry
                 with tf.GradientTape() as tape:
                     tape.watch(weights)
-                    batch = batch_indices[index]
                     loss, new_others, batch_sums = model.batch(
-                        weights,
-                        others,
-                        tf.gather(x, batch),
-                        tf.gather(y, batch),
-                        mask[index],
-                        training=True,
+                        weights, others, x, y, batch_indices[index], mask[index], training=True
                     )
                 gradients = [
                     tf.zeros_like(w) if g is None else g

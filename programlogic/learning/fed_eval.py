@@ -143,12 +143,7 @@ class FederatedEvaluation:
             def step(index: Any, sums: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
                 batch = batch_indices[index]
                 _, _, batch_sums = model.batch(
-                    trainable,
-                    non_trainable,
-                    tf.gather(x, batch),
-                    tf.gather(y, batch),
-                    mask[index],
-                    training=False,
+                    trainable, non_trainable, x, y, batch, mask[index], training=False
                 )
                 return index + 1, {name: sums[name] + batch_sums[name] for name in sums}
 

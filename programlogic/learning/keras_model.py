@@ -118,16 +118,20 @@ class FunctionalModel:
         non_trainable: Sequence[Any],
         x: Any,
         y: Any,
+        indices: Any,
         mask: Any,
         *,
         training: bool,
     ) -> tuple[Any, list[Any], dict[str, Any]]:
-        """One batch, traced into the caller's TensorFlow graph.
+        """One batch of a client, traced into the caller's TensorFlow graph.
 
-        Returns ``(loss, new_non_trainable, sums)``: the masked mean loss to
-        differentiate, the non-trainable weights after the forward pass, and the sums
-        the metrics are made of (``loss_sum``, ``num_examples``, one per metric).
+        ``x`` and ``y`` are the client's examples, ``indices`` the ones that fill the
+        batch and ``mask`` which of its slots are real. Returns ``(loss,
+        new_non_trainable, sums)``: the masked mean loss to differentiate, the
+        non-trainable weights after the forward pass, and the sums the metrics are made
+        of (``loss_sum``, ``num_examples``, one per metric).
         """
+        x, y = tf.gather(x, indices), tf.gather(y, indices)
         outputs, new_non_trainable, losses = self.model.stateless_call(
             list(trainable), list(non_trainable), x, training=training, return_losses=True
         )
