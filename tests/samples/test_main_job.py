@@ -6,13 +6,16 @@ run under asyncio only.
 
 import csv
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
+import anyio
 import numpy as np
 import pytest
 
-from managers import ModelFileReleaseManager
+from managers import FileProgramStateManager, ModelFileReleaseManager
 
 pytestmark = pytest.mark.anyio
 
@@ -116,3 +119,42 @@ async def test_plotting_a_directory_without_metrics_says_what_is_missing(tmp_pat
         f"plot_metrics: {tmp_path / 'metrics.csv'} does not exist: "
         f"is {tmp_path} a main_job run directory?"
     )
+
+
+async def test_ctrl_c_stops_the_run_with_a_loadable_checkpoint_and_a_rerun_resumes(tmp_path):
+    root = tmp_path / "run"
+    # A shell may start background jobs with SIGINT ignored; a person at a terminal has it.
+    launcher = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    script = SAMPLES / "main_job.py"
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        running = subprocess.Popen(
+            [sys.executable, "-c", launcher, str(script), "--rounds", "5000", "--root", str(root)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not (root / "metrics.csv").exists() or len(keys(root / "metrics.csv")) < 3:
+            assert running.poll() is None and time.monotonic() < deadline
+            await anyio.sleep(0.1)
+        running.send_signal(signal.SIGINT)
+        running.wait(timeout=60)
+    finally:
+        running.kill()
+    assert running.returncode == 1
+    errors = log.read_text()
+    assert (
+        errors.strip().splitlines()[-1] == "main_job: interrupted; rerun the same command to resume"
+    )
+
+    async with FileProgramStateManager(root / "state") as state:
+        _, stopped_at = await state.load_latest()
+    assert 3 <= stopped_at < 5000
+    resumed = main_job("--rounds", stopped_at + 2, "--root", root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming after round {stopped_at}" in resumed.stderr
+    assert keys(root / "metrics.csv")[-2:] == [stopped_at + 1, stopped_at + 2]
