@@ -13,6 +13,7 @@ from programlogic.data import (
     ClientSampler,
     FederatedDataSource,
     FederatedDataSourceIterator,
+    HandleDataSource,
     InMemoryDataSource,
     Sampling,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "FederatedContext",
     "FederatedDataSource",
     "FederatedDataSourceIterator",
+    "HandleDataSource",
     "InMemoryDataSource",
     "LearningProcess",
     "LearningProcessOutput",

@@ -23,6 +23,7 @@ __all__ = [
     "ClientSampler",
     "FederatedDataSource",
     "FederatedDataSourceIterator",
+    "HandleDataSource",
     "InMemoryDataSource",
     "Sampling",
 ]
@@ -181,7 +182,42 @@ def _random_words(key: str, count: int) -> tuple[int, ...]:
     return struct.unpack(f"<{count}Q", hashlib.shake_256(key.encode()).digest(8 * count))
 
 
-class InMemoryDataSource:
+class HandleDataSource:
+    """A data source over a fixed list of client handles, each loading its own data.
+
+    The base of the data sources here: give it the handles (a client id and a loader
+    each, loaders picklable for remote backends) and ``sampling`` (see
+    :class:`Sampling`). ``client_ids`` keeps the handles' order; ``all_clients`` and
+    sampling sort by id.
+    """
+
+    def __init__(
+        self, handles: Sequence[ClientHandle], *, sampling: Sampling | str = Sampling.UNIFORM
+    ) -> None:
+        try:
+            self._sampling = Sampling(sampling)
+        except ValueError:
+            choices = ", ".join(repr(str(mode)) for mode in Sampling)
+            raise ValueError(f"sampling must be one of {choices}, got {sampling!r}") from None
+        self._handles = list(handles)
+        if not self._handles:
+            raise ValueError("a data source needs at least one client")
+
+    @property
+    def client_ids(self) -> list[str]:
+        """The ids of every client, in the order of the handles."""
+        return [handle.client_id for handle in self._handles]
+
+    def all_clients(self) -> list[ClientHandle]:
+        """A handle for every client, sorted by id (e.g. to evaluate on a whole test set)."""
+        return sorted(self._handles)
+
+    def iterator(self, seed: int) -> ClientSampler:
+        """A sampler of clients seeded with ``seed`` (an int >= 0)."""
+        return ClientSampler(self._handles, seed, self._sampling)
+
+
+class InMemoryDataSource(HandleDataSource):
     """A data source whose client data is held in a mapping ``client id -> data``.
 
     The data of a client can be anything the learning process understands (arrays,
@@ -202,27 +238,14 @@ class InMemoryDataSource:
                 raise TypeError(
                     f"client ids must be str, got {type(client_id).__name__} {client_id!r}"
                 )
-        try:
-            self._sampling = Sampling(sampling)
-        except ValueError:
-            choices = ", ".join(repr(str(mode)) for mode in Sampling)
-            raise ValueError(f"sampling must be one of {choices}, got {sampling!r}") from None
         self._clients = dict(clients)
-        self._handles = [
-            ClientHandle(client_id, functools.partial(_lookup, self._clients, client_id))
-            for client_id in self._clients
-        ]
-
-    @property
-    def client_ids(self) -> list[str]:
-        return list(self._clients)
-
-    def all_clients(self) -> list[ClientHandle]:
-        """A handle for every client, sorted by id (e.g. to evaluate on a whole test set)."""
-        return sorted(self._handles)
-
-    def iterator(self, seed: int) -> ClientSampler:
-        return ClientSampler(self._handles, seed, self._sampling)
+        super().__init__(
+            [
+                ClientHandle(client_id, functools.partial(_lookup, self._clients, client_id))
+                for client_id in self._clients
+            ],
+            sampling=sampling,
+        )
 
 
 def _lookup(clients: Mapping[str, Any], client_id: str) -> Any:

@@ -14,12 +14,11 @@ client's work runs), so nothing but the loader's path travels to a worker.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from programlogic.data import ClientHandle, ClientSampler, Sampling
+from programlogic.data import ClientHandle, HandleDataSource, Sampling
 from programlogic.datasets._optional import require
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 
@@ -59,7 +58,7 @@ class HDF5ClientLoader:
         return f"HDF5ClientLoader({self.path!r}, {self.client_id!r})"
 
 
-class HDF5DataSource:
+class HDF5DataSource(HandleDataSource):
     """A federated data source over one HDF5 file in TFF's layout, read lazily.
 
     Opening it reads only the client ids (the subgroups of ``examples``, sorted). Its
@@ -70,11 +69,6 @@ class HDF5DataSource:
     def __init__(
         self, path: str | os.PathLike[str], *, sampling: Sampling | str = Sampling.UNIFORM
     ) -> None:
-        try:
-            self._sampling = Sampling(sampling)
-        except ValueError:
-            choices = ", ".join(repr(str(mode)) for mode in Sampling)
-            raise ValueError(f"sampling must be one of {choices}, got {sampling!r}") from None
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"federated HDF5 file {self.path} not found")
@@ -86,26 +80,16 @@ class HDF5DataSource:
                     f"{self.path} has no group {_EXAMPLES!r}, so it is not a federated "
                     f"HDF5 file in TFF's layout"
                 )
-            self._client_ids = sorted(examples.keys())
-        if not self._client_ids:
+            client_ids = sorted(examples.keys())
+        if not client_ids:
             raise ValueError(f"{self.path} holds no clients under {_EXAMPLES!r}")
-        self._handles = [
-            ClientHandle(client_id, HDF5ClientLoader(self.path, client_id))
-            for client_id in self._client_ids
-        ]
-
-    @property
-    def client_ids(self) -> Sequence[str]:
-        """The ids of every client, sorted."""
-        return list(self._client_ids)
-
-    def all_clients(self) -> list[ClientHandle]:
-        """A handle for every client, sorted by id (e.g. to evaluate on a whole test set)."""
-        return list(self._handles)
-
-    def iterator(self, seed: int) -> ClientSampler:
-        """A sampler of clients seeded with ``seed`` (an int >= 0)."""
-        return ClientSampler(self._handles, seed, self._sampling)
+        super().__init__(
+            [
+                ClientHandle(client_id, HDF5ClientLoader(self.path, client_id))
+                for client_id in client_ids
+            ],
+            sampling=sampling,
+        )
 
 
 def load_emnist_h5(
