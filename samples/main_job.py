@@ -67,6 +67,10 @@ RUN_DEFINING = (
 """The flags a rerun must repeat to resume; the others may change between runs."""
 
 
+ACCURACY = "sparse_categorical_accuracy"
+"""The accuracy metric's name, as the processes report it."""
+
+
 class ProgressBar(ReleaseManager):
     """A progress bar fed by training and evaluation metrics: round, loss, accuracy, rounds/s."""
 
@@ -90,9 +94,6 @@ class ProgressBar(ReleaseManager):
 
     async def aclose(self) -> None:
         self._bar.close()
-
-
-ACCURACY = "sparse_categorical_accuracy"
 
 
 def load_data(arguments: argparse.Namespace) -> Any:

@@ -176,8 +176,8 @@ class WeightedFedAvg:
                     for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
                 ]
                 new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
-                batch_sums["num_batches"] = tf.cast(batch_sums["num_examples"] > 0, tf.float32)
                 has_data = batch_sums["num_examples"] > 0
+                batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
 
                 def keep_if_empty(new: Any, old: Any) -> Any:
                     return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
