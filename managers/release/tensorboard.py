@@ -6,6 +6,8 @@ import importlib.util
 import logging
 import os
 import re
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import crc32c
 import numpy as np
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
@@ -25,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _MIN_STEP, _MAX_STEP = -(2**63), 2**63 - 1  # Event.step is an int64
 _ROOT_TAG = "value"
+_FILE_VERSION = "brain.Event:2"
 _HISTOGRAM_BUCKETS = 30  # the bucket count of TensorFlow 2's own histogram summaries
 # TensorBoard's rule for tag names (the one tensorboardX applies too).
 _INVALID_TAG_CHARACTERS = re.compile(r"[^-/\w.]")
@@ -34,14 +38,17 @@ class TensorBoardReleaseManager(ReleaseManager):
     """Writes released metrics as TensorBoard scalars and histograms.
 
     What it writes: each manager writes one event file in ``summary_dir`` (created if
-    missing), named by tensorboardX ``events.out.tfevents.{seconds}.{hostname}`` followed
-    by ``.{nanoseconds}.{pid}``, so that every manager gets a file of its own and files
-    sort in the order they were started, which is the order TensorBoard reads them in.
-    The files are written with tensorboardX, so TensorFlow is neither needed nor imported;
-    ``tensorboard --logdir`` on ``summary_dir`` (or a parent of it) shows them as a run.
-    Every release is one event at step ``key``, flushed and fsynced before ``release``
-    returns. Give each stream (training metrics, evaluation metrics) a directory of its own:
-    the purge below applies to the whole directory.
+    missing), named ``events.out.tfevents.{seconds}.{hostname}.{nanoseconds}.{pid}``, so
+    that every manager gets a file of its own and files sort in the order they were
+    started, which is the order TensorBoard reads them in.
+    Events are built with tensorboardX's protocol buffers, so TensorFlow is neither needed
+    nor imported; ``tensorboard --logdir`` on ``summary_dir`` (or a parent of it) shows
+    them as a run. Every release is one event at step ``key``, handed to the operating
+    system before ``release`` returns, so it survives a crash of the program; the file is
+    fsynced when the manager is closed (like CSV appends, a power cut may lose the last
+    points, never corrupt earlier ones: each record carries its own checksums). Give each
+    stream (training metrics, evaluation metrics) a directory of its own: the purge below
+    applies to the whole directory.
 
     Keys must be ``int`` (TensorBoard steps, int64); a ``str`` key raises ``TypeError``.
     Leaves of the released structure (see :mod:`managers.structure`) become:
@@ -153,7 +160,7 @@ class _EventFile:
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
-        self._writer: Any = None
+        self._writer: _RecordFile | None = None
         self._skipped: set[str] = set()
 
     def write(self, step: int, value: Any) -> None:
@@ -164,8 +171,8 @@ class _EventFile:
         if self._writer is None:
             self._writer = _open(self._directory, step)
         if points:
-            summary = Summary(value=points)
-            self._writer.write_event(Event(step=step, wall_time=time.time(), summary=summary))
+            event = Event(step=step, wall_time=time.time(), summary=Summary(value=points))
+            self._writer.write(event.SerializeToString())
         self._writer.flush()
 
     def close(self) -> None:
@@ -237,22 +244,62 @@ def _numbers(path: str, leaf: Any) -> float | np.ndarray | None:
     return array.astype(np.float64).reshape(-1)
 
 
-def _open(directory: Path, step: int) -> Any:
-    from tensorboardX.event_file_writer import EventsWriter
+def _open(directory: Path, step: int) -> _RecordFile:
     from tensorboardX.proto.event_pb2 import Event, SessionLog
 
     directory.mkdir(parents=True, exist_ok=True)
-    # tensorboardX's SummaryWriter queues events for a background thread that its flush()
-    # does not wait for, so it writes through the synchronous EventsWriter it uses inside.
-    writer = EventsWriter(os.path.join(directory, "events"), _file_suffix())
+    name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}{_file_suffix()}"
+    records = _RecordFile(directory / name)
+    now = time.time()
+    records.write(Event(wall_time=now, file_version=_FILE_VERSION).SerializeToString())
     restart = SessionLog(status=SessionLog.START)
-    writer.write_event(Event(step=step, wall_time=time.time(), session_log=restart))
+    records.write(Event(step=step, wall_time=now, session_log=restart).SerializeToString())
     logger.info(
         "writing TensorBoard events to %s; points written there before at steps >= %d are purged",
         directory,
         step,
     )
-    return writer
+    return records
+
+
+class _RecordFile:
+    """An append-only file of TFRecord records, the framing TensorBoard event files use.
+
+    A record is its length (uint64), the masked CRC32C of those 8 bytes, the data, and
+    the masked CRC32C of the data, integers little-endian.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "xb")
+
+    def write(self, data: bytes) -> None:
+        length = struct.pack("<Q", len(data))
+        self._file.write(
+            b"".join(
+                (
+                    length,
+                    struct.pack("<I", _masked_crc(length)),
+                    data,
+                    struct.pack("<I", _masked_crc(data)),
+                )
+            )
+        )
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+
+
+def _masked_crc(data: bytes) -> int:
+    """TFRecord's masked CRC32C: rotated right by 15 bits plus a constant, modulo 2**32."""
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 _suffix_lock = threading.Lock()

@@ -444,3 +444,58 @@ async def test_writing_imports_neither_tensorflow_nor_tensorboard(tmp_path):
     assert result.returncode == 0, result.stderr.decode()
     assert json.loads(result.stdout) == []
     assert _scalars(tmp_path / "tb") == {"loss": [(1, 0.5)]}
+
+
+def _records(directory: Path) -> list[bytes]:
+    """Every record of the one event file in ``directory``, checksums verified."""
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    (path,) = directory.iterdir()
+    reader = PyRecordReader_New(str(path))
+    records = []
+    while True:
+        try:
+            reader.GetNext()
+        except errors.OutOfRangeError:
+            return records
+        records.append(reader.record())
+
+
+async def test_event_file_records_pass_tensorboards_checksums(tmp_path):
+    from tensorboardX.proto.event_pb2 import Event
+
+    async with TensorBoardReleaseManager(tmp_path) as manager:
+        for step in range(3):
+            await manager.release({"loss": step / 3, "weights": np.arange(100.0) * step}, step)
+    events = [Event.FromString(record) for record in _records(tmp_path)]
+    assert events[0].file_version == "brain.Event:2"
+    assert events[1].HasField("session_log")
+    assert [event.step for event in events[2:]] == [0, 1, 2]
+
+
+_KILLED_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    import anyio
+
+    from managers.release.tensorboard import TensorBoardReleaseManager
+
+    async def main():
+        manager = TensorBoardReleaseManager(sys.argv[1])
+        for step in range(1, 4):
+            await manager.release({"loss": float(step)}, step)
+        os.kill(os.getpid(), signal.SIGKILL)  # never closed: no fsync, no flush at exit
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_released_points_survive_the_program_being_killed(tmp_path):
+    result = await anyio.run_process(
+        [sys.executable, "-c", _KILLED_SCRIPT, str(tmp_path / "tb")], check=False
+    )
+    assert result.returncode == -9, result.stderr.decode()
+    assert _scalars(tmp_path / "tb") == {"loss": [(1, 1.0), (2, 2.0), (3, 3.0)]}
