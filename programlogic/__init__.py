@@ -3,6 +3,7 @@
 ``train_model`` drives a learning process round by round inside a federated context,
 checkpoints it with a program-state manager and publishes metrics and models with
 release managers (:mod:`managers`, also importable as ``programlogic.managers``).
+``run`` starts a program from synchronous code, notebooks included.
 """
 
 from programlogic.clock import Clock, SystemClock
@@ -25,6 +26,7 @@ from programlogic.exceptions import (
     ResumeError,
 )
 from programlogic.process import LearningProcess, LearningProcessOutput, as_async
+from programlogic.runner import run
 from programlogic.stopping import PatienceStopping, SpeechTrainerStopping, StoppingPolicy
 from programlogic.tasks import TaskTracker, TrackedTask
 from programlogic.training import (
@@ -68,5 +70,6 @@ __all__ = [
     "evaluation_seed",
     "final_model_key",
     "get_context",
+    "run",
     "train_model",
 ]

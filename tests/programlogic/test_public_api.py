@@ -43,6 +43,7 @@ async def test_every_public_class_and_function_of_the_package_is_exported() -> N
         programlogic.evaluation,
         programlogic.exceptions,
         programlogic.process,
+        programlogic.runner,
         programlogic.stopping,
         programlogic.training,
     ]
