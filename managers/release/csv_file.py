@@ -138,11 +138,12 @@ class CSVFileReleaseManager(ReleaseManager):
     async def aclose(self) -> None:
         if self._lock is None:
             return
-        async with self._lock:
-            file = self._file
-            self._forget()
-            if file is not None:
-                await anyio.to_thread.run_sync(file.close)
+        with anyio.CancelScope(shield=True):  # leaving `async with` on cancellation closes too
+            async with self._lock:
+                file = self._file
+                self._forget()
+                if file is not None:
+                    await anyio.to_thread.run_sync(file.close)
 
     def _forget(self) -> None:
         """Drop what was read from the file, so that the next release reads it again."""

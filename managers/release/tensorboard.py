@@ -132,11 +132,12 @@ class TensorBoardReleaseManager(ReleaseManager):
         """Close the event file; later releases raise ``RuntimeError``."""
         if self._lock is None:
             self._lock = anyio.Lock()
-        async with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            await anyio.to_thread.run_sync(self._file.close)
+        with anyio.CancelScope(shield=True):  # leaving `async with` on cancellation closes too
+            async with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+                await anyio.to_thread.run_sync(self._file.close)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -449,3 +449,29 @@ async def test_overlapping_releases_of_one_key_keep_the_last_call(release_manage
         await anyio.sleep(0)
         group.start_soon(manager.release, Later("second, fast", delay=1), 1)
     assert read_back() == {1: "second, fast"}
+
+
+def _open_files_under(directory: Path) -> list[str]:
+    """The files under ``directory`` this process holds open (Linux's /proc/self/fd)."""
+    held = []
+    for descriptor in Path("/proc/self/fd").iterdir():
+        try:
+            target = descriptor.readlink()
+        except OSError:
+            continue  # closed since the listing
+        if target.is_relative_to(directory):
+            held.append(str(target))
+    return held
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs Linux's /proc/self/fd")
+async def test_leaving_on_cancellation_closes_the_files(release_manager_factory, tmp_path):
+    manager, read_back = release_manager_factory()
+    with anyio.CancelScope() as scope:
+        async with manager:
+            await manager.release({"loss": 0.5}, 1)
+            scope.cancel()
+            await anyio.sleep(1)  # cancelled here; leaving closes the manager all the same
+    assert scope.cancelled_caught
+    assert _open_files_under(tmp_path) == []
+    assert read_back() == {1: {"loss": 0.5}}

@@ -499,3 +499,17 @@ async def test_released_points_survive_the_program_being_killed(tmp_path):
     )
     assert result.returncode == -9, result.stderr.decode()
     assert _scalars(tmp_path / "tb") == {"loss": [(1, 1.0), (2, 2.0), (3, 3.0)]}
+
+
+async def test_leaving_on_cancellation_closes_the_event_file(tmp_path):
+    with anyio.CancelScope() as scope:
+        async with TensorBoardReleaseManager(tmp_path) as manager:
+            await manager.release({"loss": 0.5}, 1)
+            scope.cancel()
+            await anyio.sleep(1)
+    assert scope.cancelled_caught
+    (event_file,) = tmp_path.iterdir()
+    held = [path.readlink() for path in Path("/proc/self/fd").iterdir() if path.is_symlink()]
+    assert event_file not in held
+    with pytest.raises(RuntimeError, match="is closed"):
+        await manager.release({"loss": 0.25}, 2)
