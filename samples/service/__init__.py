@@ -1,0 +1,5 @@
+"""A sample training service: start, watch, cancel and resume training runs over HTTP.
+
+``python -m samples.service`` serves it with uvicorn; see ``samples/service/app.py`` for
+the routes and ``samples/service/runs.py`` for what a run does.
+"""
