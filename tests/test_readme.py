@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from managers import FileProgramStateManager
+
 pytestmark = pytest.mark.anyio
 
 README = pathlib.Path(__file__).parent.parent / "README.md"
@@ -49,3 +51,21 @@ async def test_the_fed_avg_example_trains_on_digits_and_evaluates_held_out_write
     assert completed.returncode == 0, completed.stderr
     accuracy = float(completed.stdout.removeprefix("held-out accuracy "))
     assert 0.8 < accuracy <= 1.0
+
+
+@pytest.mark.parametrize("where", ["script", "notebook"])
+async def test_the_run_example_trains_from_a_script_and_inside_a_running_loop(tmp_path, where):
+    example = next(block for block in python_blocks() if "programlogic.run(train(" in block)
+    code = example
+    if where == "notebook":  # the cell's code runs while the kernel's loop is running
+        code = (
+            "import asyncio\n"
+            f"async def cell():\n    exec(compile({example!r}, 'cell', 'exec'), {{}})\n"
+            "asyncio.new_event_loop().run_until_complete(cell())\n"
+        )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr
+    async with FileProgramStateManager(tmp_path / "runs" / "notebook") as state:
+        assert max(await state.get_versions()) == 100
