@@ -309,6 +309,13 @@ async def measure(
     )
     row.update(ours_bare_mean_ms=steady_mean(bares), ours_program_mean_ms=steady_mean(programs))
     row["program_overhead_pct"] = 100 * (row["ours_program_mean_ms"] / row["ours_bare_mean_ms"] - 1)
+    # Each program run against the bare run just before it: the machine's speed drifts
+    # between repeats, and a pair sees the same drift.
+    row["paired_overhead_pct"] = [
+        100 * (steady_mean([program]) / steady_mean([bare]) - 1)
+        for bare, program in zip(bares, programs, strict=True)
+    ]
+    row["paired_overhead_median_pct"] = statistics.median(row["paired_overhead_pct"])
     # CPU seconds of this process per round: what the program adds to the work of a round,
     # measured so that other processes competing for the cores barely move it.
     row.update(
@@ -347,6 +354,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "speedup bare",
         "speedup train_model",
         "overhead % (means)",
+        "paired median %",
         "CPU overhead %",
         "loss max rel diff",
         "first ms TFF/bare/program",
@@ -367,6 +375,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 number(row, "speedup_bare", ".1f"),
                 number(row, "speedup_program", ".1f"),
                 number(row, "program_overhead_pct", "+.1f"),
+                number(row, "paired_overhead_median_pct", "+.1f"),
                 number(row, "program_cpu_overhead_pct", "+.1f"),
                 number(row, "loss_rel_diff", ".2e"),
                 first,
