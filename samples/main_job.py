@@ -43,6 +43,7 @@ from managers import (
     ReleaseManager,
     TensorBoardReleaseManager,
 )
+import programlogic
 from programlogic import EvaluationManager, LocalContext, Sampling, final_model_key, train_model
 
 logger = logging.getLogger("main_job")
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         with logging_redirect_tqdm():
-            anyio.run(run, arguments)
+            programlogic.run(run(arguments))
     except KeyboardInterrupt:
         sys.exit("main_job: interrupted; rerun the same command to resume")
     except (FileNotFoundError, ImportError) as error:
