@@ -34,6 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import anyio
 
+import programlogic
 from managers import (
     CSVFileReleaseManager,
     FileProgramStateManager,
@@ -43,7 +44,6 @@ from managers import (
     ReleaseManager,
     TensorBoardReleaseManager,
 )
-import programlogic
 from programlogic import EvaluationManager, LocalContext, Sampling, final_model_key, train_model
 
 logger = logging.getLogger("main_job")
