@@ -56,7 +56,8 @@ async def page_socket_url(profile, process) -> str:
     """The WebSocket address of Chromium's first page, once it is up."""
     port_file = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 60
-    while not port_file.exists():
+    # Chromium creates the file before it writes the port into it.
+    while not (port_file.exists() and port_file.read_text().strip()):
         assert process.poll() is None and time.monotonic() < deadline, "chromium did not start"
         await anyio.sleep(0.1)
     port = port_file.read_text().split()[0]
@@ -84,6 +85,11 @@ async def test_the_status_page_shows_a_live_run_in_chromium(tmp_path):
                 "--no-sandbox",
                 "--disable-gpu",
                 "--no-first-run",
+                # The machine has no network: no background connections to refuse.
+                "--disable-quic",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
                 "--remote-debugging-port=0",
                 f"--user-data-dir={profile}",
                 "about:blank",
