@@ -7,7 +7,14 @@ release managers (:mod:`managers`, also importable as ``programlogic.managers``)
 """
 
 from programlogic.clock import Clock, SystemClock
-from programlogic.context import FederatedContext, check_in_federated_context, get_context
+from programlogic.context import (
+    DroppedClients,
+    FederatedContext,
+    check_in_federated_context,
+    count_dropped_clients,
+    get_context,
+    report_dropped_clients,
+)
 from programlogic.contexts.local import LocalContext
 from programlogic.data import (
     ClientHandle,
@@ -21,7 +28,9 @@ from programlogic.data import (
 from programlogic.evaluation import EvaluationManager, evaluate_once, evaluation_seed
 from programlogic.exceptions import (
     ClientError,
+    ClusterConnectionError,
     NoFederatedContextError,
+    NotEnoughClientsError,
     ProgramLogicError,
     ResumeError,
 )
@@ -42,6 +51,8 @@ __all__ = [
     "ClientHandle",
     "ClientSampler",
     "Clock",
+    "ClusterConnectionError",
+    "DroppedClients",
     "EvaluationManager",
     "EvaluationManagerProtocol",
     "FederatedContext",
@@ -53,6 +64,7 @@ __all__ = [
     "LearningProcessOutput",
     "LocalContext",
     "NoFederatedContextError",
+    "NotEnoughClientsError",
     "PatienceStopping",
     "ProgramLogicError",
     "ResumeError",
@@ -66,10 +78,12 @@ __all__ = [
     "TrainingResult",
     "as_async",
     "check_in_federated_context",
+    "count_dropped_clients",
     "evaluate_once",
     "evaluation_seed",
     "final_model_key",
     "get_context",
+    "report_dropped_clients",
     "run",
     "train_model",
 ]

@@ -9,8 +9,10 @@ programs in one event loop, each inside its own context, never see each other's.
 from __future__ import annotations
 
 import abc
+import contextlib
 import contextvars
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -22,10 +24,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ClientFn",
+    "DroppedClients",
     "FederatedContext",
     "GroupFn",
     "check_in_federated_context",
+    "count_dropped_clients",
     "get_context",
+    "report_dropped_clients",
 ]
 
 T = TypeVar("T")
@@ -77,6 +82,12 @@ class FederatedContext(abc.ABC):
       defaults: start and stop what the backend needs there.
     - ``parallelism``: how many units of client work run at once (default 1); backends
       with several workers override it.
+
+    A backend that may drop clients (a round deadline, workers that keep dying) leaves
+    them out of the results of ``map_clients`` and ``aggregate_clients`` and tells the
+    caller with :func:`report_dropped_clients`; a caller that wants the count wraps the
+    call in :func:`count_dropped_clients`. Backends that never drop (``LocalContext``)
+    return a result for every client.
 
     A context may be entered once at a time; entering it again while it is entered is
     an error. Example::
@@ -196,3 +207,48 @@ def get_context() -> FederatedContext:
 def check_in_federated_context() -> None:
     """Raise :class:`NoFederatedContextError` unless a federated context is current."""
     get_context()
+
+
+@dataclasses.dataclass
+class DroppedClients:
+    """The clients a context dropped from the calls made inside :func:`count_dropped_clients`."""
+
+    client_ids: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        """How many clients were dropped."""
+        return len(self.client_ids)
+
+
+_dropped: contextvars.ContextVar[DroppedClients | None] = contextvars.ContextVar(
+    "programlogic_dropped_clients", default=None
+)
+
+
+@contextlib.contextmanager
+def count_dropped_clients() -> Iterator[DroppedClients]:
+    """Collect the clients that contexts drop from the client work started inside.
+
+    Example (a learning process reporting how many of its round's clients were dropped)::
+
+        with count_dropped_clients() as dropped:
+            total = await context.aggregate_clients(fn, broadcast, clients, add, 0)
+        metrics["num_dropped_clients"] = dropped.count
+    """
+    collected = DroppedClients()
+    token = _dropped.set(collected)
+    try:
+        yield collected
+    finally:
+        _dropped.reset(token)
+
+
+def report_dropped_clients(client_ids: Sequence[str]) -> None:
+    """Record that a context dropped ``client_ids`` from the current call (for backends).
+
+    Goes to the innermost :func:`count_dropped_clients` of the calling task, if any.
+    """
+    collected = _dropped.get()
+    if collected is not None:
+        collected.client_ids.extend(client_ids)

@@ -12,9 +12,9 @@ and a loader, and the data is loaded where the client's work runs.
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import struct
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -51,6 +51,11 @@ class ClientHandle:
     def load(self) -> Any:
         """The client's data."""
         return self._loader()
+
+    @property
+    def loader(self) -> Callable[[], Any]:
+        """The callable that loads the client's data (what backends ship to workers)."""
+        return self._loader
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ClientHandle):
@@ -238,15 +243,50 @@ class InMemoryDataSource(HandleDataSource):
                 raise TypeError(
                     f"client ids must be str, got {type(client_id).__name__} {client_id!r}"
                 )
-        self._clients = dict(clients)
+        self._clients = ClientTable(clients)
         super().__init__(
-            [
-                ClientHandle(client_id, functools.partial(_lookup, self._clients, client_id))
-                for client_id in self._clients
-            ],
+            [TableLoader(self._clients, client_id).handle() for client_id in clients],
             sampling=sampling,
         )
 
 
-def _lookup(clients: Mapping[str, Any], client_id: str) -> Any:
-    return clients[client_id]
+class ClientTable:
+    """The data of every client of an :class:`InMemoryDataSource`, by client id.
+
+    ``key`` names the table across processes: a distributed context ships a table once
+    (to its object store) and the handles' loaders refer to it by key.
+    """
+
+    __slots__ = ("data", "key")
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = dict(data)
+        self.key = uuid.uuid4().hex
+
+    def __getstate__(self) -> tuple[dict[str, Any], str]:
+        return self.data, self.key
+
+    def __setstate__(self, state: tuple[dict[str, Any], str]) -> None:
+        self.data, self.key = state
+
+
+class TableLoader:
+    """Loads one client's data from a :class:`ClientTable` (picklable with the table)."""
+
+    __slots__ = ("client_id", "table")
+
+    def __init__(self, table: ClientTable, client_id: str) -> None:
+        self.table, self.client_id = table, client_id
+
+    def __call__(self) -> Any:
+        return self.table.data[self.client_id]
+
+    def __getstate__(self) -> tuple[ClientTable, str]:
+        return self.table, self.client_id
+
+    def __setstate__(self, state: tuple[ClientTable, str]) -> None:
+        self.table, self.client_id = state
+
+    def handle(self) -> ClientHandle:
+        """A handle of the client that this loader loads."""
+        return ClientHandle(self.client_id, self)

@@ -5,6 +5,8 @@
     ProgramLogicError
      ├── NoFederatedContextError (also RuntimeError)  no context is active here
      ├── ClientError                                  client work raised; names the clients
+     ├── NotEnoughClientsError                        fewer than min_clients finished a round
+     ├── ClusterConnectionError (also ConnectionError) the cluster of a context is gone
      └── ResumeError (also ValueError)                a checkpoint written by another config
 
 Errors of the managers layer are in :mod:`managers.exceptions`. Exceptions raised by
@@ -17,7 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["ClientError", "NoFederatedContextError", "ProgramLogicError", "ResumeError"]
+__all__ = [
+    "ClientError",
+    "ClusterConnectionError",
+    "NoFederatedContextError",
+    "NotEnoughClientsError",
+    "ProgramLogicError",
+    "ResumeError",
+]
 
 
 class ProgramLogicError(Exception):
@@ -49,3 +58,29 @@ class ClientError(ProgramLogicError):
 
 class ResumeError(ProgramLogicError, ValueError):
     """The saved program state was written by a run with another configuration."""
+
+
+class NotEnoughClientsError(ProgramLogicError):
+    """Fewer clients than a context's ``min_clients`` finished the work of a round.
+
+    ``finished`` clients finished, ``required`` were needed, ``dropped`` were dropped
+    (stragglers past the round's deadline, or clients whose workers kept dying).
+    """
+
+    def __init__(self, finished: int, required: int, dropped: int) -> None:
+        self.finished, self.required, self.dropped = finished, required, dropped
+        super().__init__(
+            f"only {finished} clients finished the round, at least {required} are needed "
+            f"(min_clients); {dropped} were dropped"
+        )
+
+    def __reduce__(self):  # pickled by backends that ship errors between processes
+        return (type(self), (self.finished, self.required, self.dropped))
+
+
+class ClusterConnectionError(ProgramLogicError, ConnectionError):
+    """A context lost the connection to the cluster that runs its work.
+
+    Nothing of the round in progress is kept; rerunning the program with the same
+    program-state manager resumes after the last saved round.
+    """

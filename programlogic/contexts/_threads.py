@@ -60,7 +60,7 @@ class _Call(Generic[T]):
 
 
 class WorkerThreads:
-    """``count`` daemon threads that run calls in the order they were handed in.
+    """``count`` threads (daemon unless told) that run calls in the order they were handed in.
 
     :meth:`run` awaits a call's result. Cancelling it withdraws a call that no thread
     has started; a call already running cannot be interrupted, so the cancellation
@@ -68,10 +68,10 @@ class WorkerThreads:
     ends the threads once the calls already handed in are done.
     """
 
-    def __init__(self, count: int, name: str) -> None:
+    def __init__(self, count: int, name: str, *, daemon: bool = True) -> None:
         self._calls: queue.SimpleQueue[_Call[Any] | None] = queue.SimpleQueue()
         self._threads = [
-            threading.Thread(target=self._serve, name=f"{name}-{index}", daemon=True)
+            threading.Thread(target=self._serve, name=f"{name}-{index}", daemon=daemon)
             for index in range(count)
         ]
         for thread in self._threads:

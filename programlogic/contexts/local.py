@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from programlogic.context import ClientFn, FederatedContext, GroupFn
 from programlogic.contexts._threads import WorkerThreads
-from programlogic.exceptions import ClientError
+from programlogic.contexts._units import check_group_size, compute_unit, split_units
 from programlogic.tasks import task_group
 
 if TYPE_CHECKING:
@@ -107,12 +107,8 @@ class LocalContext(FederatedContext):
     ) -> None:
         """Run the work of ``clients`` and hand each result to ``consume`` in client order."""
         workers = self._require_workers()
-        if group_size is not None and (
-            not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1
-        ):
-            raise ValueError(f"group_size must be a positive int or None, got {group_size!r}")
-        size = group_size or 1
-        units = [list(clients[start : start + size]) for start in range(0, len(clients), size)]
+        check_group_size(group_size)
+        units = split_units(clients, group_size)
         if not units:
             return
         pending: dict[int, list[Any]] = {}
@@ -121,21 +117,7 @@ class LocalContext(FederatedContext):
 
         def compute(unit: list[ClientHandle]) -> list[Any]:
             ids = [client.client_id for client in unit]
-            try:
-                if group_size is None:
-                    return [fn(broadcast, ids[0], unit[0].load())]
-                outputs = list(fn(broadcast, ids, [client.load() for client in unit]))
-            except Exception as error:
-                raise ClientError(ids, error) from error
-            if len(outputs) != len(unit):
-                raise ClientError(
-                    ids,
-                    ValueError(
-                        f"the group function returned {len(outputs)} results for "
-                        f"{len(unit)} clients"
-                    ),
-                )
-            return outputs
+            return compute_unit(fn, broadcast, ids, [c.load for c in unit], group_size is not None)
 
         async def worker() -> None:
             nonlocal next_unit_to_run, next_unit_to_consume

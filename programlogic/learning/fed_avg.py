@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from programlogic.context import get_context
+from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
 from programlogic.learning._tensorflow import keras, tf
@@ -37,6 +37,7 @@ class _Totals:
     weight: float = 0.0
     sums: dict[str, float] = dataclasses.field(default_factory=dict)
     non_finite_clients: int = 0
+    dropped_clients: int = 0
 
 
 class WeightedFedAvg:
@@ -84,6 +85,15 @@ class WeightedFedAvg:
         self.clients_per_group = clients_per_group
         self._train_group_compiled = tf.function(self._train_group_graph, jit_compile=True)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_train_group_compiled"]  # a tf.function: rebuilt where it is unpickled
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._train_group_compiled = tf.function(self._train_group_graph, jit_compile=True)
+
     def initialize(self) -> dict[str, Any]:
         """The round-0 state: the model's initial weights and a fresh server optimizer."""
         weights = self.model.initial_weights()
@@ -103,14 +113,16 @@ class WeightedFedAvg:
         round_num = int(state["round"]) + 1
         group_size = plan_group_size(len(clients), context.parallelism, self.clients_per_group)
         broadcast = (state["model"], round_num, group_size)
-        totals = await context.aggregate_clients(
-            self._train_group,
-            broadcast,
-            clients,
-            _accumulate,
-            _Totals(),
-            group_size=group_size,
-        )
+        with count_dropped_clients() as dropped:
+            totals = await context.aggregate_clients(
+                self._train_group,
+                broadcast,
+                clients,
+                _accumulate,
+                _Totals(),
+                group_size=group_size,
+            )
+        totals.dropped_clients = dropped.count
         return await context.run(self._server_step, state, totals)
 
     def get_model_weights(self, state: dict[str, Any]) -> ModelWeights:
@@ -243,6 +255,7 @@ class WeightedFedAvg:
         train["num_examples"] = int(examples)
         train["num_batches"] = int(sums.get("num_batches", 0.0))
         train["num_non_finite_clients"] = totals.non_finite_clients
+        train["num_dropped_clients"] = totals.dropped_clients
         new_state = {
             "round": int(state["round"]) + 1,
             "model": {"trainable": trainable, "non_trainable": weights["non_trainable"]},

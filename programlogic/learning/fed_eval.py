@@ -41,7 +41,8 @@ class FederatedEvaluation:
     num_examples}`` for the round, and the same under ``total_rounds_metrics`` over
     every round since the weights were set.
 
-    Build it with :func:`build_fed_eval`.
+    The process pickles (its compiled function is rebuilt on unpickling), so
+    distributed contexts ship it to their workers. Build it with :func:`build_fed_eval`.
     """
 
     def __init__(
@@ -50,6 +51,15 @@ class FederatedEvaluation:
         self.model = model
         self.preprocess = preprocess
         self.clients_per_group = clients_per_group
+        self._evaluate_group_compiled = tf.function(self._evaluate_group_graph, jit_compile=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_evaluate_group_compiled"]  # a tf.function: rebuilt where it is unpickled
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
         self._evaluate_group_compiled = tf.function(self._evaluate_group_graph, jit_compile=True)
 
     def initialize(self) -> dict[str, Any]:

@@ -1,0 +1,610 @@
+"""The distributed context: client work on a pool of Ray actors, on one machine or many.
+
+The same program runs on a Ray cluster with one changed line,
+``async with RayContext(address=...)`` instead of ``LocalContext()``. Ray schedules the
+work, moves objects and detects dead workers; this module decides what runs where:
+
+- A pool of ``num_workers`` actors, started when the context is entered and reused by
+  every call (no actor per client). Each computes one unit of work at a time: a client,
+  or a group of clients when the caller passes ``group_size``, split exactly as
+  :class:`~programlogic.contexts.local.LocalContext` splits them.
+- The broadcast value of a call is put in the object store once and shared by all its
+  units. The client function (a learning process's bound method) is put there once per
+  context, and each actor unpickles it once.
+- Client data is loaded on the actor by the client handle's loader, which travels
+  pickled. The table of an :class:`~programlogic.data.InMemoryDataSource` is put in the
+  object store once and the loaders refer to it.
+- Results are folded in client order as they arrive: a result that arrives before an
+  earlier unit's waits only until that one is in, so driver memory holds at most the
+  out-of-order results, not a round's.
+
+Ray is imported when a context is entered, so ``programlogic`` works without it
+(``pip install 'programlogic[ray]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import sniffio
+
+from programlogic.context import ClientFn, FederatedContext, GroupFn, report_dropped_clients
+from programlogic.contexts._threads import WorkerThreads
+from programlogic.contexts._units import check_group_size, compute_unit, split_units
+from programlogic.data import TableLoader
+from programlogic.exceptions import ClientError, ClusterConnectionError, NotEnoughClientsError
+from programlogic.tasks import task_group
+
+if TYPE_CHECKING:
+    from programlogic.data import ClientHandle
+
+__all__ = ["RayContext"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+_RESOURCE_OPTIONS = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
+"""Resource names that Ray's actor options take as keywords of their own."""
+
+
+class _ClientWorker:
+    """The body of a pool actor: computes units of client work, caching what it unpickled."""
+
+    def __init__(self) -> None:
+        self._functions: dict[str, Any] = {}
+        self._tables: dict[str, Any] = {}
+
+    def ready(self) -> int:
+        """The actor's process id, once the actor is up."""
+        return os.getpid()
+
+    def run_unit(
+        self,
+        fn_key: str,
+        fn_box: list[Any],
+        broadcast: Any,
+        client_ids: list[str],
+        loaders: list[tuple[Any, ...]],
+        grouped: bool,
+    ) -> list[Any]:
+        """The results of one unit of client work (see :func:`compute_unit`)."""
+        import ray
+
+        fn = self._functions.get(fn_key)
+        if fn is None:
+            fn = self._functions[fn_key] = ray.get(fn_box[0])
+        return compute_unit(fn, broadcast, client_ids, [self._loader(s) for s in loaders], grouped)
+
+    def _loader(self, shipped: tuple[Any, ...]) -> Callable[[], Any]:
+        if shipped[0] == "loader":
+            return shipped[1]
+        _, key, box, client_id = shipped
+        table = self._tables.get(key)
+        if table is None:
+            import ray
+
+            table = self._tables[key] = ray.get(box[0])
+        return TableLoader(table, client_id)
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "RayContext needs Ray: pip install 'programlogic[ray]'"
+        ) from error
+    return ray
+
+
+def _positive_int(name: str, value: object, *, allow_none: bool, minimum: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"{name} must be an int >= {minimum}{' or None' if allow_none else ''}, got {value!r}"
+        )
+
+
+def _seconds(name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(
+            f"{name} must be a positive number of seconds, a timedelta or None, got {value!r}"
+        )
+    if math.isinf(value):
+        return None
+    return float(value)
+
+
+async def _await_ref(ref: Any) -> Any:
+    """The value of a Ray object reference, awaited on asyncio or trio without blocking."""
+    future = ref.future()
+    if sniffio.current_async_library() == "asyncio":
+        return await asyncio.wrap_future(future)
+    import trio
+
+    done = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def wake(_: Any) -> None:
+        try:
+            token.run_sync_soon(done.set)
+        except trio.RunFinishedError:  # the run is over: nobody waits any more
+            pass
+
+    future.add_done_callback(wake)
+    await done.wait()
+    return future.result()
+
+
+class RayContext(FederatedContext):
+    """Runs client work on a pool of Ray actors; server-side steps in this process.
+
+    - ``address``: the cluster to connect to (``"auto"``, ``"10.0.0.1:6379"``); None
+      starts a local cluster on this machine. If Ray is already initialized in this
+      process, the context uses that connection and leaves it open.
+    - ``num_workers``: the actors in the pool (default: the cluster's CPUs divided by
+      the CPUs a worker takes, at least 1); it is the context's ``parallelism``.
+    - ``resources_per_worker``: what each actor reserves, e.g. ``{"CPU": 1, "GPU": 0.5}``
+      (default ``{"CPU": 1}``); a need the cluster cannot meet is a ``ValueError``.
+    - ``round_deadline`` (seconds or a timedelta): a call that runs longer drops the
+      clients not finished by then (stragglers); their actors are killed and replaced
+      (the replacements compile again). Over-select to use it: sample more clients
+      than ``min_clients``.
+    - ``min_clients``: a call in which fewer clients finish (after the deadline or
+      after retries) raises :class:`~programlogic.exceptions.NotEnoughClientsError`;
+      a call with fewer clients needs them all.
+    - ``max_retries``: how many times the unit of a dead actor is retried on another
+      actor before its clients are dropped.
+    - ``health_check_interval``: how often (seconds) a running call checks that the
+      cluster's control service still answers; a lost cluster raises
+      :class:`~programlogic.exceptions.ClusterConnectionError`.
+    - ``init_options``: more keyword arguments for ``ray.init``.
+
+    Dropped clients are reported with :func:`~programlogic.context.report_dropped_clients`
+    (FedAvg counts them in its metrics). Leaving the context kills the pool, and shuts
+    down the Ray connection (and the local cluster) only if it started them.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        num_workers: int | None = None,
+        resources_per_worker: Mapping[str, float] | None = None,
+        *,
+        round_deadline: float | datetime.timedelta | None = None,
+        min_clients: int = 1,
+        max_retries: int = 3,
+        health_check_interval: float = 2.0,
+        init_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"address must be a non-empty str or None, got {address!r}")
+        _positive_int("num_workers", num_workers, allow_none=True)
+        if resources_per_worker is None:
+            resources_per_worker = {"CPU": 1}
+        if not isinstance(resources_per_worker, Mapping):
+            raise TypeError(
+                "resources_per_worker must be a mapping of resource name to amount, got "
+                f"{type(resources_per_worker).__name__}"
+            )
+        for name, amount in resources_per_worker.items():
+            if (
+                not isinstance(name, str)
+                or isinstance(amount, bool)
+                or not isinstance(amount, int | float)
+                or amount < 0
+            ):
+                raise ValueError(
+                    "resources_per_worker must map resource names to amounts >= 0, got "
+                    f"{name!r}: {amount!r}"
+                )
+        self.round_deadline = _seconds("round_deadline", round_deadline)
+        _positive_int("min_clients", min_clients, allow_none=False)
+        _positive_int("max_retries", max_retries, allow_none=False, minimum=0)
+        interval = _seconds("health_check_interval", health_check_interval)
+        if interval is None:
+            raise ValueError(f"health_check_interval must be finite, got {health_check_interval!r}")
+        if init_options is not None and not isinstance(init_options, Mapping):
+            raise TypeError(
+                f"init_options must be a mapping or None, got {type(init_options).__name__}"
+            )
+        self.address = address
+        self.num_workers = num_workers
+        self.resources_per_worker = dict(resources_per_worker)
+        self.min_clients = min_clients
+        self.max_retries = max_retries
+        self.health_check_interval = interval
+        self.init_options = dict(init_options or {})
+        self._ray: Any = None
+        self._ray_thread: WorkerThreads | None = None
+        self._steps: WorkerThreads | None = None
+        self._owns_connection = False
+        self._gcs_address: tuple[str, int] | None = None
+        self._workers = 0
+        self._idle: list[Any] = []
+        self._starting: list[Any] = []
+        self._actor_class: Any = None
+        self._functions: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        self._tables: dict[str, tuple[Any, Any]] = {}
+        self._calls = 0
+
+    @property
+    def parallelism(self) -> int:
+        """The actors in the pool (``num_workers``, or what the cluster fits once entered)."""
+        return self._workers or self.num_workers or 1
+
+    @property
+    def owns_connection(self) -> bool:
+        """Whether this context initialized Ray (and shuts it down when left)."""
+        return self._owns_connection
+
+    # Entering and leaving.
+
+    async def open(self) -> None:
+        self._ray = _import_ray()
+        # Ray's processes die with the thread that started them (Linux's parent-death
+        # signal is per thread): a thread of our own, alive as long as the context.
+        self._ray_thread = WorkerThreads(1, "programlogic-ray", daemon=False)
+        self._steps = WorkerThreads(2, "programlogic-ray-steps")
+        try:
+            await self._ray_thread.run(self._connect)
+            await self._ray_thread.run(self._start_pool)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._shut_down()
+            raise
+
+    def _connect(self) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            logger.info("RayContext: using the Ray connection this process already has")
+        else:
+            options: dict[str, Any] = {
+                "include_dashboard": False,
+                "logging_level": logging.WARNING,
+                **self.init_options,
+            }
+            try:
+                ray.init(address=self.address, **options)
+            except ConnectionError as error:
+                raise ClusterConnectionError(
+                    f"could not connect to the Ray cluster at {self.address!r}: {error}"
+                ) from error
+            self._owns_connection = True
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        self._gcs_address = (host, int(port))
+
+    def _start_pool(self) -> None:
+        ray = self._ray
+        total = ray.cluster_resources()
+        for name, amount in self.resources_per_worker.items():
+            if amount > total.get(name, 0):
+                raise ValueError(
+                    f"resources_per_worker asks {amount} {name} per worker, the cluster has "
+                    f"{total.get(name, 0)}"
+                )
+        workers = self.num_workers
+        if workers is None:
+            cpus = self.resources_per_worker.get("CPU", 0)
+            workers = max(1, int(total.get("CPU", 1) // cpus)) if cpus else 1
+        self._workers = workers
+        options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+        custom: dict[str, float] = {}
+        for name, amount in self.resources_per_worker.items():
+            if name in _RESOURCE_OPTIONS:
+                options[_RESOURCE_OPTIONS[name]] = amount
+            else:
+                custom[name] = amount
+        if custom:
+            options["resources"] = custom
+        self._actor_class = ray.remote(_ClientWorker).options(**options)
+        self._starting = [self._actor_class.remote() for _ in range(workers)]
+
+    async def close(self) -> None:
+        await self._shut_down()
+
+    async def _shut_down(self) -> None:
+        ray_thread, self._ray_thread = self._ray_thread, None
+        steps, self._steps = self._steps, None
+        actors = [*self._idle, *self._starting]
+        self._idle, self._starting = [], []
+        self._functions.clear()
+        self._tables.clear()
+        owns, self._owns_connection = self._owns_connection, False
+        self._workers = 0
+
+        def shut_down() -> None:
+            ray = self._ray
+            if not ray.is_initialized():
+                return
+            for actor in actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # already gone with its node or the cluster
+                    logger.debug("RayContext: killing an actor failed", exc_info=True)
+            if owns:
+                ray.shutdown()
+
+        if ray_thread is not None:
+            try:
+                await ray_thread.run(shut_down)
+            finally:
+                await ray_thread.stop()
+        if steps is not None:
+            await steps.stop()
+
+    # Work.
+
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        if self._steps is None:
+            raise RuntimeError("RayContext is not entered: use `async with RayContext():`")
+        return await self._steps.run(fn, *args)
+
+    async def map_clients(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        *,
+        group_size: int | None = None,
+    ) -> list[Any]:
+        results: list[Any] = []
+        await self._stream(fn, broadcast, clients, group_size, results.append)
+        return results
+
+    async def aggregate_clients(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        accumulate: Callable[[A, Any], A],
+        initial: A,
+        *,
+        group_size: int | None = None,
+    ) -> A:
+        total = initial
+
+        def consume(result: Any) -> None:
+            nonlocal total
+            total = accumulate(total, result)
+
+        await self._stream(fn, broadcast, clients, group_size, consume)
+        return total
+
+    def _require_ray_thread(self) -> WorkerThreads:
+        if self._ray_thread is None:
+            raise RuntimeError("RayContext is not entered: use `async with RayContext():`")
+        return self._ray_thread
+
+    def _ship_function(self, fn: Any) -> tuple[str, list[Any]]:
+        """The key and boxed object reference of ``fn``, put in the object store once."""
+        owner = getattr(fn, "__self__", fn)
+        name = getattr(fn, "__name__", "")
+        cached = self._functions.get((id(owner), name))
+        if cached is None or cached[0] is not owner:
+            self._calls += 1
+            cached = (owner, f"{self._calls}:{name}", self._ray.put(fn))
+            self._functions[(id(owner), name)] = cached
+        return cached[1], [cached[2]]
+
+    def _ship_loader(self, client: ClientHandle) -> tuple[Any, ...]:
+        loader = client.loader
+        if isinstance(loader, TableLoader):
+            table = loader.table
+            shipped = self._tables.get(table.key)
+            if shipped is None:
+                shipped = self._tables[table.key] = (table, self._ray.put(table))
+            return ("table", table.key, [shipped[1]], loader.client_id)
+        return ("loader", loader)
+
+    async def _stream(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        group_size: int | None,
+        consume: Callable[[Any], None],
+    ) -> None:
+        """Run the work of ``clients`` on the pool; hand each result to ``consume`` in order."""
+        ray_thread = self._require_ray_thread()
+        check_group_size(group_size)
+        units = split_units(clients, group_size)
+        if not units:
+            return
+        ray = self._ray
+        grouped = group_size is not None
+
+        def prepare() -> tuple[str, list[Any], Any, list[list[tuple[Any, ...]]]]:
+            fn_key, fn_box = self._ship_function(fn)
+            loaders = [[self._ship_loader(client) for client in unit] for unit in units]
+            return fn_key, fn_box, ray.put(broadcast), loaders
+
+        fn_key, fn_box, broadcast_ref, loaders = await ray_thread.run(prepare)
+        ids = [[client.client_id for client in unit] for unit in units]
+        results: dict[int, list[Any]] = {}
+        dropped: set[int] = set()
+        attempts = [0] * len(units)
+        queue = collections.deque(range(len(units)))
+        in_flight: dict[int, tuple[Any, Any]] = {}  # unit -> (actor, ref)
+        next_to_consume = 0
+        send, receive = anyio.create_memory_object_stream[tuple[Any, ...]](math.inf)
+        deadline = None
+        if self.round_deadline is not None:
+            deadline = anyio.current_time() + self.round_deadline
+
+        def consume_ready() -> None:
+            nonlocal next_to_consume
+            while next_to_consume in results or next_to_consume in dropped:
+                for result in results.pop(next_to_consume, ()):
+                    consume(result)
+                next_to_consume += 1
+
+        async def wait_ready(actor: Any) -> None:
+            try:
+                await _await_ref(actor.ready.remote())
+            except ray.exceptions.RayError as error:
+                await send.send(("start_failed", actor, error))
+            else:
+                await send.send(("ready", actor))
+
+        async def wait_unit(index: int, actor: Any, ref: Any) -> None:
+            try:
+                value = await _await_ref(ref)
+            except ray.exceptions.RayTaskError as error:
+                cause = error.cause
+                if not isinstance(cause, ClientError):
+                    cause = ClientError(ids[index], cause)
+                await send.send(("failed", index, actor, cause))
+            except ray.exceptions.RayError as error:  # the actor, its node, or its result died
+                await send.send(("died", index, actor, error))
+            else:
+                await send.send(("done", index, actor, value))
+
+        def submit(index: int, actor: Any) -> Any:
+            return actor.run_unit.remote(
+                fn_key, fn_box, broadcast_ref, ids[index], loaders[index], grouped
+            )
+
+        def replace(actors: list[Any]) -> list[Any]:
+            for actor in actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # already gone
+                    logger.debug("RayContext: killing an actor failed", exc_info=True)
+            return [self._actor_class.remote() for _ in actors]
+
+        async def check_cluster() -> None:
+            while True:
+                await anyio.sleep(self.health_check_interval)
+                await self._check_connection()
+
+        def drop(index: int) -> None:
+            dropped.add(index)
+            report_dropped_clients(ids[index])
+
+        async with task_group() as group:
+            group.start_soon(check_cluster)
+            for actor in self._starting:
+                group.start_soon(wait_ready, actor)
+            try:
+                while next_to_consume < len(units):
+                    while queue and self._idle:
+                        index, actor = queue.popleft(), self._idle.pop()
+                        ref = await ray_thread.run(submit, index, actor)
+                        in_flight[index] = (actor, ref)
+                        group.start_soon(wait_unit, index, actor, ref)
+                    if not self._idle and not self._starting and not in_flight and queue:
+                        raise RuntimeError("RayContext: no worker of the pool is left")
+                    with anyio.move_on_after(
+                        math.inf if deadline is None else deadline - anyio.current_time()
+                    ) as waiting:
+                        event = await receive.receive()
+                    if waiting.cancelled_caught:
+                        # Stragglers: drop what has not finished, replace busy actors.
+                        for index in queue:
+                            drop(index)
+                        queue.clear()
+                        busy = [in_flight.pop(index)[0] for index in sorted(in_flight)]
+                        for index in sorted(set(range(len(units))) - set(results) - dropped):
+                            drop(index)
+                        if busy:
+                            self._starting.extend(await ray_thread.run(replace, busy))
+                        consume_ready()
+                        break
+                    kind = event[0]
+                    if kind == "ready":
+                        self._starting.remove(event[1])
+                        self._idle.append(event[1])
+                    elif kind == "start_failed":
+                        self._starting.remove(event[1])
+                        logger.warning("RayContext: a worker failed to start: %s", event[2])
+                        await self._check_connection()
+                        self._starting.extend(await ray_thread.run(replace, [event[1]]))
+                        group.start_soon(wait_ready, self._starting[-1])
+                    elif kind == "done":
+                        _, index, actor, value = event
+                        del in_flight[index]
+                        self._idle.append(actor)
+                        results[index] = value
+                        consume_ready()
+                    elif kind == "failed":
+                        _, index, actor, error = event
+                        del in_flight[index]
+                        self._idle.append(actor)
+                        raise error
+                    else:  # died
+                        _, index, actor, error = event
+                        del in_flight[index]
+                        await self._check_connection()
+                        attempts[index] += 1
+                        if attempts[index] > self.max_retries:
+                            logger.warning(
+                                "RayContext: dropping clients %s after %d failed attempts: %s",
+                                ids[index],
+                                attempts[index],
+                                error,
+                            )
+                            drop(index)
+                            consume_ready()
+                        else:
+                            logger.warning(
+                                "RayContext: a worker died (%s); retrying clients %s",
+                                type(error).__name__,
+                                ids[index],
+                            )
+                            queue.appendleft(index)
+                        (new,) = await ray_thread.run(replace, [actor])
+                        self._starting.append(new)
+                        group.start_soon(wait_ready, new)
+            except BaseException:
+                # Nothing of this call may keep running: ask Ray to cancel its units.
+                refs = [ref for _, ref in in_flight.values()]
+                with anyio.CancelScope(shield=True):
+                    await ray_thread.run(_cancel_all, ray, refs)
+                    self._idle.extend(actor for actor, _ in in_flight.values())
+                raise
+            finally:
+                group.cancel_scope.cancel()
+        finished = sum(len(ids[index]) for index in range(len(units)) if index not in dropped)
+        dropped_count = len(clients) - finished
+        required = min(self.min_clients, len(clients))
+        if finished < required:
+            raise NotEnoughClientsError(finished, required, dropped_count)
+
+    async def _check_connection(self) -> None:
+        """Raise :class:`ClusterConnectionError` unless the cluster's control service answers."""
+        assert self._gcs_address is not None
+        host, port = self._gcs_address
+        try:
+            with anyio.fail_after(max(5.0, self.health_check_interval)):
+                stream = await anyio.connect_tcp(host, port)
+            await stream.aclose()
+        except (OSError, TimeoutError) as error:
+            raise ClusterConnectionError(
+                f"lost the connection to the Ray cluster (its control service at "
+                f"{host}:{port} does not answer: {error or type(error).__name__}); rerun the "
+                "program to resume from its last checkpoint"
+            ) from error
+
+
+def _cancel_all(ray: Any, refs: list[Any]) -> None:
+    for ref in refs:
+        try:
+            ray.cancel(ref)
+        except Exception:  # finished, or its worker is gone
+            logger.debug("RayContext: cancelling a unit failed", exc_info=True)
