@@ -101,9 +101,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "RayContext needs Ray: pip install 'programlogic[ray]'"
-        ) from error
+        raise ImportError("RayContext needs Ray: pip install 'programlogic[ray]'") from error
     return ray
 
 
@@ -154,15 +152,17 @@ async def _await_ref(ref: Any) -> Any:
 class RayContext(FederatedContext):
     """Runs client work on a pool of Ray actors; server-side steps in this process.
 
-    - ``address``: the cluster to connect to (``"auto"``, ``"10.0.0.1:6379"``); None
-      starts a local cluster on this machine. If Ray is already initialized in this
-      process, the context uses that connection and leaves it open.
+    - ``address``: the cluster to connect to (``"10.0.0.1:6379"``, or ``"auto"``: the
+      one ``RAY_ADDRESS`` or ``ray start`` on this machine names); None starts a new
+      local cluster on this machine, whatever ``RAY_ADDRESS`` says. If Ray is already
+      initialized in this process, the context uses that connection and leaves it open.
     - ``num_workers``: the actors in the pool (default: the cluster's CPUs divided by
       the CPUs a worker takes, at least 1); it is the context's ``parallelism``.
     - ``resources_per_worker``: what each actor reserves, e.g. ``{"CPU": 1, "GPU": 0.5}``
       (default ``{"CPU": 1}``); a need the cluster cannot meet is a ``ValueError``.
-    - ``round_deadline`` (seconds or a timedelta): a call that runs longer drops the
-      clients not finished by then (stragglers); their actors are killed and replaced
+    - ``round_deadline`` (seconds or a timedelta, counted from the start of a call's
+      first unit of work): a call that runs longer drops the clients not finished by
+      then (stragglers); their actors are killed and replaced
       (the replacements compile again). Over-select to use it: sample more clients
       than ``min_clients``.
     - ``min_clients``: a call in which fewer clients finish (after the deadline or
@@ -280,7 +280,8 @@ class RayContext(FederatedContext):
                 **self.init_options,
             }
             try:
-                ray.init(address=self.address, **options)
+                # "local": a new cluster even if RAY_ADDRESS names a running one.
+                ray.init(address=self.address or "local", **options)
             except ConnectionError as error:
                 raise ClusterConnectionError(
                     f"could not connect to the Ray cluster at {self.address!r}: {error}"
@@ -442,10 +443,9 @@ class RayContext(FederatedContext):
         queue = collections.deque(range(len(units)))
         in_flight: dict[int, tuple[Any, Any]] = {}  # unit -> (actor, ref)
         next_to_consume = 0
+        start_failures = 0
         send, receive = anyio.create_memory_object_stream[tuple[Any, ...]](math.inf)
-        deadline = None
-        if self.round_deadline is not None:
-            deadline = anyio.current_time() + self.round_deadline
+        deadline = math.inf  # set when the first unit starts
 
         def consume_ready() -> None:
             nonlocal next_to_consume
@@ -497,7 +497,7 @@ class RayContext(FederatedContext):
             dropped.add(index)
             report_dropped_clients(ids[index])
 
-        async with task_group() as group:
+        async with send, receive, task_group() as group:
             group.start_soon(check_cluster)
             for actor in self._starting:
                 group.start_soon(wait_ready, actor)
@@ -507,21 +507,20 @@ class RayContext(FederatedContext):
                         index, actor = queue.popleft(), self._idle.pop()
                         ref = await ray_thread.run(submit, index, actor)
                         in_flight[index] = (actor, ref)
+                        if self.round_deadline is not None and deadline == math.inf:
+                            deadline = anyio.current_time() + self.round_deadline
                         group.start_soon(wait_unit, index, actor, ref)
                     if not self._idle and not self._starting and not in_flight and queue:
                         raise RuntimeError("RayContext: no worker of the pool is left")
-                    with anyio.move_on_after(
-                        math.inf if deadline is None else deadline - anyio.current_time()
-                    ) as waiting:
+                    with anyio.move_on_after(deadline - anyio.current_time()) as waiting:
                         event = await receive.receive()
                     if waiting.cancelled_caught:
                         # Stragglers: drop what has not finished, replace busy actors.
-                        for index in queue:
-                            drop(index)
                         queue.clear()
                         busy = [in_flight.pop(index)[0] for index in sorted(in_flight)]
-                        for index in sorted(set(range(len(units))) - set(results) - dropped):
-                            drop(index)
+                        for index in range(next_to_consume, len(units)):
+                            if index not in results and index not in dropped:
+                                drop(index)
                         if busy:
                             self._starting.extend(await ray_thread.run(replace, busy))
                         consume_ready()
@@ -534,6 +533,12 @@ class RayContext(FederatedContext):
                         self._starting.remove(event[1])
                         logger.warning("RayContext: a worker failed to start: %s", event[2])
                         await self._check_connection()
+                        start_failures += 1
+                        if start_failures > (self.max_retries + 1) * self.parallelism:
+                            raise RuntimeError(
+                                f"RayContext: {start_failures} workers failed to start in "
+                                f"this call, the last with: {event[2]}"
+                            )
                         self._starting.extend(await ray_thread.run(replace, [event[1]]))
                         group.start_soon(wait_ready, self._starting[-1])
                     elif kind == "done":

@@ -45,6 +45,10 @@ class FunctionalModel:
 
     Layers that draw random numbers in training (dropout) are not supported: their
     seed state would be shared by every client of a compiled group.
+
+    It pickles as ``model_fn``, the loss, the metrics and the model's current weights
+    (so ``model_fn`` must pickle too: a module-level function or a ``functools.partial``
+    of one); unpickling calls ``model_fn`` again and sets those weights.
     """
 
     def __init__(
@@ -70,10 +74,24 @@ class FunctionalModel:
         for name in metrics:
             if name not in SUPPORTED_METRICS:
                 raise ValueError(f"metrics supports {', '.join(SUPPORTED_METRICS)}, got {name!r}")
+        self.model_fn = model_fn
         self.model = model
         self.loss = loss
         self.metrics = tuple(metrics)
         self.input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "model_fn": self.model_fn,
+            "loss": self.loss,
+            "metrics": self.metrics,
+            "weights": [np.array(v.numpy()) for v in self.model.weights],
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["model_fn"], state["loss"], state["metrics"])
+        for variable, value in zip(self.model.weights, state["weights"], strict=True):
+            variable.assign(value)
 
     def initial_weights(self) -> ModelWeights:
         """The weights the model was built with, as NumPy arrays."""
