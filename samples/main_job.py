@@ -16,6 +16,9 @@ after the last saved round and ends with the model an uninterrupted run gives. A
 ``--rounds`` continues a finished run. ``samples/plot_metrics.py`` draws the curves.
 
     python samples/main_job.py [--rounds 50] [--dataset digits] [--model softmax] ...
+
+``--context ray`` runs the client work on Ray actors: a local Ray cluster, or the
+cluster ``--ray-address HOST:PORT`` names (see the README's "Scale out on Ray").
 """
 
 from __future__ import annotations
@@ -171,8 +174,16 @@ async def run(arguments: argparse.Namespace) -> None:
         return state_managers[name]
 
     tensorboard = TensorBoardReleaseManager(root / "tensorboard")
+    if arguments.context == "ray":
+        from programlogic.contexts.ray import RayContext
+
+        context: programlogic.FederatedContext = RayContext(
+            arguments.ray_address, num_workers=arguments.workers
+        )
+    else:
+        context = LocalContext(max_workers=arguments.workers)
     async with (
-        LocalContext(max_workers=arguments.workers),
+        context,
         FileProgramStateManager(root / "state", keep_total=3, keep_first=True) as state,
     ):
         versions = await state.get_versions()
@@ -333,8 +344,20 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workers",
         type=_whole(1),
-        default=os.cpu_count() or 1,
-        help="threads that run client work",
+        help="threads (--context local) or Ray actors (--context ray) that run client work "
+        "(default: this machine's CPUs, or the Ray cluster's)",
+    )
+    parser.add_argument(
+        "--context",
+        choices=("local", "ray"),
+        default="local",
+        help="local: threads of this process; ray: actors on a Ray cluster "
+        "(pip install 'programlogic[ray]')",
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="with --context ray: the cluster to connect to (HOST:PORT of `ray start --head`, "
+        "or auto); default: start a local Ray cluster",
     )
     parser.add_argument(
         "--root",
@@ -347,6 +370,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         arguments.client_lr = CLIENT_LEARNING_RATES[arguments.model]
     if arguments.dataset == "emnist" and arguments.emnist_train is None:
         parser.error("--dataset emnist needs --emnist-train FILE.h5")
+    if arguments.ray_address is not None and arguments.context != "ray":
+        parser.error("--ray-address goes with --context ray")
+    if arguments.ray_address is not None and not arguments.ray_address.strip():
+        parser.error("--ray-address must not be empty")
     if arguments.dataset != "emnist" and (arguments.emnist_train or arguments.emnist_test):
         parser.error("--emnist-train and --emnist-test go with --dataset emnist")
     return arguments
@@ -362,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             programlogic.run(run(arguments))
     except KeyboardInterrupt:
         sys.exit("main_job: interrupted; rerun the same command to resume")
-    except (FileNotFoundError, ImportError) as error:
+    except (FileNotFoundError, ImportError, programlogic.ClusterConnectionError) as error:
         sys.exit(f"main_job: {error}")
 
 

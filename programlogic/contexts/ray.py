@@ -238,6 +238,8 @@ class RayContext(FederatedContext):
         self._workers = 0
         self._idle: list[Any] = []
         self._starting: list[Any] = []
+        self._busy: list[Any] = []
+        self._listeners: set[Any] = set()
         self._actor_class: Any = None
         self._functions: dict[tuple[int, str], tuple[Any, str, Any]] = {}
         self._tables: dict[str, tuple[Any, Any]] = {}
@@ -322,8 +324,8 @@ class RayContext(FederatedContext):
     async def _shut_down(self) -> None:
         ray_thread, self._ray_thread = self._ray_thread, None
         steps, self._steps = self._steps, None
-        actors = [*self._idle, *self._starting]
-        self._idle, self._starting = [], []
+        actors = [*self._idle, *self._starting, *self._busy]
+        self._idle, self._starting, self._busy = [], [], []
         self._functions.clear()
         self._tables.clear()
         owns, self._owns_connection = self._owns_connection, False
@@ -499,18 +501,23 @@ class RayContext(FederatedContext):
 
         async with send, receive, task_group() as group:
             group.start_soon(check_cluster)
-            for actor in self._starting:
-                group.start_soon(wait_ready, actor)
+            self._listeners.add(send)
+            watching: set[Any] = set()
             try:
                 while next_to_consume < len(units):
+                    for actor in self._starting:
+                        if actor not in watching:
+                            watching.add(actor)
+                            group.start_soon(wait_ready, actor)
                     while queue and self._idle:
                         index, actor = queue.popleft(), self._idle.pop()
+                        self._busy.append(actor)
                         ref = await ray_thread.run(submit, index, actor)
                         in_flight[index] = (actor, ref)
                         if self.round_deadline is not None and deadline == math.inf:
                             deadline = anyio.current_time() + self.round_deadline
                         group.start_soon(wait_unit, index, actor, ref)
-                    if not self._idle and not self._starting and not in_flight and queue:
+                    if queue and not (self._idle or self._starting or self._busy):
                         raise RuntimeError("RayContext: no worker of the pool is left")
                     with anyio.move_on_after(deadline - anyio.current_time()) as waiting:
                         event = await receive.receive()
@@ -518,18 +525,25 @@ class RayContext(FederatedContext):
                         # Stragglers: drop what has not finished, replace busy actors.
                         queue.clear()
                         busy = [in_flight.pop(index)[0] for index in sorted(in_flight)]
+                        for actor in busy:
+                            self._busy.remove(actor)
                         for index in range(next_to_consume, len(units)):
                             if index not in results and index not in dropped:
                                 drop(index)
                         if busy:
-                            self._starting.extend(await ray_thread.run(replace, busy))
+                            self._add_starting(await ray_thread.run(replace, busy))
                         consume_ready()
                         break
                     kind = event[0]
-                    if kind == "ready":
-                        self._starting.remove(event[1])
-                        self._idle.append(event[1])
+                    if kind == "wake":
+                        pass  # another call freed or started actors: look again
+                    elif kind == "ready":
+                        if event[1] in self._starting:  # not taken by a concurrent call
+                            self._starting.remove(event[1])
+                            self._release(event[1])
                     elif kind == "start_failed":
+                        if event[1] not in self._starting:
+                            continue
                         self._starting.remove(event[1])
                         logger.warning("RayContext: a worker failed to start: %s", event[2])
                         await self._check_connection()
@@ -539,22 +553,24 @@ class RayContext(FederatedContext):
                                 f"RayContext: {start_failures} workers failed to start in "
                                 f"this call, the last with: {event[2]}"
                             )
-                        self._starting.extend(await ray_thread.run(replace, [event[1]]))
-                        group.start_soon(wait_ready, self._starting[-1])
+                        self._add_starting(await ray_thread.run(replace, [event[1]]))
                     elif kind == "done":
                         _, index, actor, value = event
                         del in_flight[index]
-                        self._idle.append(actor)
+                        self._busy.remove(actor)
+                        self._release(actor)
                         results[index] = value
                         consume_ready()
                     elif kind == "failed":
                         _, index, actor, error = event
                         del in_flight[index]
-                        self._idle.append(actor)
+                        self._busy.remove(actor)
+                        self._release(actor)
                         raise error
                     else:  # died
                         _, index, actor, error = event
                         del in_flight[index]
+                        self._busy.remove(actor)
                         await self._check_connection()
                         attempts[index] += 1
                         if attempts[index] > self.max_retries:
@@ -573,23 +589,38 @@ class RayContext(FederatedContext):
                                 ids[index],
                             )
                             queue.appendleft(index)
-                        (new,) = await ray_thread.run(replace, [actor])
-                        self._starting.append(new)
-                        group.start_soon(wait_ready, new)
+                        self._add_starting(await ray_thread.run(replace, [actor]))
             except BaseException:
                 # Nothing of this call may keep running: ask Ray to cancel its units.
                 refs = [ref for _, ref in in_flight.values()]
                 with anyio.CancelScope(shield=True):
                     await ray_thread.run(_cancel_all, ray, refs)
-                    self._idle.extend(actor for actor, _ in in_flight.values())
+                    for actor, _ in in_flight.values():
+                        self._busy.remove(actor)
+                        self._release(actor)
                 raise
             finally:
+                self._listeners.discard(send)
                 group.cancel_scope.cancel()
         finished = sum(len(ids[index]) for index in range(len(units)) if index not in dropped)
         dropped_count = len(clients) - finished
         required = min(self.min_clients, len(clients))
         if finished < required:
             raise NotEnoughClientsError(finished, required, dropped_count)
+
+    def _release(self, actor: Any) -> None:
+        """Put ``actor`` back in the pool and wake the calls that wait for one."""
+        self._idle.append(actor)
+        self._wake()
+
+    def _add_starting(self, actors: list[Any]) -> None:
+        """Add actors that are starting; the running calls watch them too."""
+        self._starting.extend(actors)
+        self._wake()
+
+    def _wake(self) -> None:
+        for listener in self._listeners:
+            listener.send_nowait(("wake",))
 
     async def _check_connection(self) -> None:
         """Raise :class:`ClusterConnectionError` unless the cluster's control service answers."""

@@ -98,6 +98,9 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
         (["--dataset", "mnist"], "argument --dataset: invalid choice: 'mnist'"),
         (["--dataset", "emnist"], "--dataset emnist needs --emnist-train FILE.h5"),
         (["--clients-per-round", "11"], "--clients-per-round 11 is more than the 10 training"),
+        (["--context", "spark"], "argument --context: invalid choice: 'spark'"),
+        (["--ray-address", "10.0.0.1:6379"], "--ray-address goes with --context ray"),
+        (["--context", "ray", "--ray-address", " "], "--ray-address must not be empty"),
     ],
 )
 async def test_bad_flags_get_a_one_line_error(tmp_path, arguments, message):

@@ -237,6 +237,21 @@ async def test_entered_from_a_running_event_loop_which_keeps_running(cluster) ->
     assert max(gaps) < 1.0  # connecting and shutting down happen off the event loop
 
 
+async def test_concurrent_calls_share_the_pool(cluster) -> None:
+    source = InMemoryDataSource({f"c{i}": i for i in range(6)})
+    results: dict[str, list] = {}
+
+    async def call(name: str, broadcast: int) -> None:
+        results[name] = await context.map_clients(slow_when_asked, broadcast, source.all_clients())
+
+    async with RayContext(cluster.address, num_workers=1) as context:
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "training", 100)
+            group.start_soon(call, "evaluation", 200)
+    assert results["training"] == [100 + i for i in range(6)]
+    assert results["evaluation"] == [200 + i for i in range(6)]
+
+
 @asyncio_only
 async def test_a_lost_cluster_fails_training_clearly_and_a_rerun_resumes(
     cluster, tmp_path: Path
