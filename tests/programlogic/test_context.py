@@ -11,7 +11,9 @@ from programlogic import (
     LocalContext,
     NoFederatedContextError,
     check_in_federated_context,
+    count_dropped_clients,
     get_context,
+    report_dropped_clients,
 )
 
 pytestmark = pytest.mark.anyio
@@ -292,3 +294,20 @@ async def test_a_cancelled_run_finishes_the_call_in_progress_and_withdraws_queue
         # Calls run in the order handed in: had the queued one stayed, it would run first.
         assert await context.run(sum, [1, 2]) == 3
         assert ran == []
+
+
+async def test_dropped_clients_are_counted_by_the_innermost_collector_only() -> None:
+    report_dropped_clients(["nobody-listens"])  # outside a collector: ignored
+    with count_dropped_clients() as outer:
+        report_dropped_clients(["a"])
+        with count_dropped_clients() as inner:
+            report_dropped_clients(["b", "c"])
+    assert (outer.client_ids, outer.count) == (["a"], 1)
+    assert (inner.client_ids, inner.count) == (["b", "c"], 2)
+
+
+async def test_the_local_context_drops_no_client() -> None:
+    async with LocalContext(max_workers=2) as context:
+        with count_dropped_clients() as dropped:
+            results = await context.map_clients(lambda b, cid, d: d, None, handles(5))
+    assert (len(results), dropped.count) == (5, 0)

@@ -166,3 +166,13 @@ async def test_uniform_sampling_is_close_to_uniform() -> None:
     expected = rounds * 3 / 10
     chi_square = sum((count - expected) ** 2 / expected for count in counts.values())
     assert chi_square < 27.9  # the 0.999 quantile of chi-square with 9 degrees of freedom
+
+
+async def test_an_in_memory_handle_pickles_with_its_data() -> None:
+    source = make_source(4)
+    handles = source.all_clients()
+    copies = pickle.loads(pickle.dumps(handles))
+    assert [copy.client_id for copy in copies] == ["c0", "c1", "c2", "c3"]
+    assert [copy.load() for copy in copies] == [[0], [1], [2], [3]]
+    # The handles of one pickle share one copy of the table.
+    assert len({id(copy.loader.table) for copy in copies}) == 1

@@ -30,6 +30,9 @@ async def test_the_top_level_exports_what_users_need() -> None:
         "InMemoryDataSource",
         "ClientHandle",
         "train_model",
+        "ClusterConnectionError",
+        "NotEnoughClientsError",
+        "count_dropped_clients",
     }
     assert needed <= set(programlogic.__all__)
 
@@ -60,3 +63,10 @@ async def test_every_public_name_has_a_docstring() -> None:
             value = getattr(module, name)
             if inspect.isclass(value) or inspect.isfunction(value):
                 assert inspect.getdoc(value), f"{module.__name__}.{name} has no docstring"
+
+
+async def test_the_ray_context_is_public_in_its_own_module() -> None:
+    ray_module = pytest.importorskip("programlogic.contexts.ray")
+    assert ray_module.__all__ == ["RayContext"]
+    assert inspect.getdoc(ray_module.RayContext)
+    assert issubclass(ray_module.RayContext, programlogic.FederatedContext)

@@ -7,6 +7,7 @@ Tests that train pass the same clients in the same group shapes for the same rea
 
 import functools
 import math
+import pickle
 
 import keras
 import numpy as np
@@ -30,6 +31,7 @@ from programlogic import (
     InMemoryDataSource,
     LocalContext,
     final_model_key,
+    report_dropped_clients,
     train_model,
 )
 from programlogic.datasets import ClientArrays, Preprocessing
@@ -441,3 +443,44 @@ async def test_the_default_grouping_gives_the_model_of_explicit_groups_of_that_s
         models.append(output.state["model"]["trainable"])
     for default, explicit in zip(*models, strict=True):
         assert np.array_equal(default, explicit)
+
+
+class DroppingContext(LocalContext):
+    """A local context that drops the last client of every call, as a deadline would."""
+
+    async def aggregate_clients(self, fn, broadcast, clients, accumulate, initial, **kwargs):
+        report_dropped_clients([clients[-1].client_id])
+        return await super().aggregate_clients(
+            fn, broadcast, clients[:-1], accumulate, initial, **kwargs
+        )
+
+
+async def test_dropped_clients_are_counted_and_left_out_of_the_average() -> None:
+    process = reference_process(3)
+    start = process.set_model_weights(process.initialize(), known_weights())
+    clients = handles(ragged_clients())
+    ((kept_state, kept_metrics),) = await train(process, start, [clients[:-1]])
+    async with DroppingContext(max_workers=2):
+        output = await process.next(start, clients)
+
+    for a, b in zip(
+        output.state["model"]["trainable"], kept_state["model"]["trainable"], strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert output.metrics["client_work"]["train"]["num_dropped_clients"] == 1
+    assert kept_metrics["client_work"]["train"]["num_dropped_clients"] == 0
+    assert (
+        output.metrics["client_work"]["train"]["num_examples"]
+        == kept_metrics["client_work"]["train"]["num_examples"]
+    )
+
+
+async def test_the_process_pickles_and_the_copy_trains_the_same_bits() -> None:
+    process = reference_process(3)
+    copy = pickle.loads(pickle.dumps(process))
+    start = process.set_model_weights(process.initialize(), known_weights())
+    clients = handles(ragged_clients())
+    ((state, metrics),) = await train(process, start, [clients])
+    ((copy_state, copy_metrics),) = await train(copy, start, [clients])
+    assert_same_state(copy_state, state)
+    assert copy_metrics == metrics

@@ -1,4 +1,5 @@
 import functools
+import pickle
 
 import numpy as np
 import pytest
@@ -121,3 +122,13 @@ async def test_an_evaluation_sees_every_example_once() -> None:
         build_fed_eval(SMALL_MODEL, preprocess="batch")
     with pytest.raises(ValueError, match="clients_per_group must be an int >= 1 or None, got -1"):
         build_fed_eval(SMALL_MODEL, clients_per_group=-1)
+
+
+async def test_an_evaluation_pickles_and_the_copy_evaluates_alike() -> None:
+    process = evaluation()
+    copy = pickle.loads(pickle.dumps(process))
+    state = process.set_model_weights(process.initialize(), known_weights())
+    clients = [handles(ragged_clients())]
+    original = await evaluate_rounds(process, state, clients)
+    copied = await evaluate_rounds(copy, state, clients)
+    assert original[0].metrics == copied[0].metrics

@@ -1,6 +1,7 @@
 import functools
 import itertools
 import math
+import pickle
 
 import keras
 import numpy as np
@@ -183,3 +184,14 @@ async def test_softmax_regression_has_zero_weights_like_the_tutorial() -> None:
     weights = FunctionalModel(functools.partial(softmax_regression, (5,), 4), LOSS)
     kernel, bias = weights.initial_weights()["trainable"]
     assert kernel.shape == (5, 4) and not kernel.any() and not bias.any()
+
+
+async def test_a_functional_model_pickles_with_its_weights() -> None:
+    model = functional_linear_model()
+    for variable in model.model.trainable_variables:
+        variable.assign(np.full(variable.shape, 0.25, dtype=np.float32))
+    copy = pickle.loads(pickle.dumps(model))
+    assert copy.metrics == model.metrics and copy.input_shape == model.input_shape
+    copied, original = copy.initial_weights(), model.initial_weights()
+    for a, b in zip(copied["trainable"], original["trainable"], strict=True):
+        np.testing.assert_array_equal(a, b)
