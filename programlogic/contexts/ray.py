@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 A = TypeVar("A")
 
+_CACHED_FUNCTIONS = 16
+"""How many client functions a context (and each actor) keeps shipped; the oldest go first."""
+
 _RESOURCE_OPTIONS = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 """Resource names that Ray's actor options take as keywords of their own."""
 
@@ -61,7 +64,7 @@ class _ClientWorker:
     """The body of a pool actor: computes units of client work, caching what it unpickled."""
 
     def __init__(self) -> None:
-        self._functions: dict[str, Any] = {}
+        self._functions: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._tables: dict[str, Any] = {}
 
     def ready(self) -> int:
@@ -83,6 +86,8 @@ class _ClientWorker:
         fn = self._functions.get(fn_key)
         if fn is None:
             fn = self._functions[fn_key] = ray.get(fn_box[0])
+            if len(self._functions) > _CACHED_FUNCTIONS:
+                self._functions.popitem(last=False)
         return compute_unit(fn, broadcast, client_ids, [self._loader(s) for s in loaders], grouped)
 
     def _loader(self, shipped: tuple[Any, ...]) -> Callable[[], Any]:
@@ -241,7 +246,9 @@ class RayContext(FederatedContext):
         self._busy: list[Any] = []
         self._listeners: set[Any] = set()
         self._actor_class: Any = None
-        self._functions: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        self._functions: collections.OrderedDict[tuple[int, str], tuple[Any, str, Any]] = (
+            collections.OrderedDict()
+        )
         self._tables: dict[str, tuple[Any, Any]] = {}
         self._calls = 0
 
@@ -398,11 +405,15 @@ class RayContext(FederatedContext):
         """The key and boxed object reference of ``fn``, put in the object store once."""
         owner = getattr(fn, "__self__", fn)
         name = getattr(fn, "__name__", "")
-        cached = self._functions.get((id(owner), name))
+        key = (id(owner), name)
+        cached = self._functions.get(key)
         if cached is None or cached[0] is not owner:
             self._calls += 1
             cached = (owner, f"{self._calls}:{name}", self._ray.put(fn))
-            self._functions[(id(owner), name)] = cached
+            self._functions[key] = cached
+            if len(self._functions) > _CACHED_FUNCTIONS:
+                self._functions.popitem(last=False)
+        self._functions.move_to_end(key)
         return cached[1], [cached[2]]
 
     def _ship_loader(self, client: ClientHandle) -> tuple[Any, ...]:
