@@ -234,7 +234,9 @@ async def test_entered_from_a_running_event_loop_which_keeps_running(cluster) ->
         group.cancel_scope.cancel()
     assert results == [1 + int(c.client_id[1:]) for c in source.all_clients()]
     assert grouped == [2 * int(c.client_id[1:]) for c in source.all_clients()]
-    assert max(gaps) < 1.0  # connecting and shutting down happen off the event loop
+    # Connecting, starting the pool and shutting down take seconds, all off the event
+    # loop; what remains is the GIL that ray.init holds for up to about a second.
+    assert max(gaps) < 2.0
 
 
 async def test_concurrent_calls_share_the_pool(cluster) -> None:
