@@ -251,6 +251,7 @@ class RayContext(FederatedContext):
         )
         self._tables: dict[str, tuple[Any, Any]] = {}
         self._calls = 0
+        self._lost = False
 
     @property
     def parallelism(self) -> int:
@@ -337,6 +338,9 @@ class RayContext(FederatedContext):
         self._tables.clear()
         owns, self._owns_connection = self._owns_connection, False
         self._workers = 0
+        if self._lost:  # a lost cluster: its actors are gone, asking Ray would only wait
+            actors = []
+        self._lost = False
 
         def shut_down() -> None:
             ray = self._ray
@@ -603,7 +607,7 @@ class RayContext(FederatedContext):
                         self._add_starting(await ray_thread.run(replace, [actor]))
             except BaseException:
                 # Nothing of this call may keep running: ask Ray to cancel its units.
-                refs = [ref for _, ref in in_flight.values()]
+                refs = [] if self._lost else [ref for _, ref in in_flight.values()]
                 with anyio.CancelScope(shield=True):
                     await ray_thread.run(_cancel_all, ray, refs)
                     for actor, _ in in_flight.values():
@@ -642,6 +646,7 @@ class RayContext(FederatedContext):
                 stream = await anyio.connect_tcp(host, port)
             await stream.aclose()
         except (OSError, TimeoutError) as error:
+            self._lost = True
             raise ClusterConnectionError(
                 f"lost the connection to the Ray cluster (its control service at "
                 f"{host}:{port} does not answer: {error or type(error).__name__}); rerun the "

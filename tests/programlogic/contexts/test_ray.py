@@ -24,21 +24,17 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from managers import FileProgramStateManager, MemoryReleaseManager  # noqa: E402
 from programlogic import (  # noqa: E402
     ClientError,
     ClientHandle,
-    ClusterConnectionError,
     InMemoryDataSource,
     LocalContext,
     NotEnoughClientsError,
     count_dropped_clients,
-    train_model,
 )
 from programlogic.contexts.ray import RayContext  # noqa: E402
 from programlogic.learning import build_weighted_fed_avg, softmax_regression  # noqa: E402
 from programlogic.tasks import task_group  # noqa: E402
-from programlogic.testing import FakeDataSource, FakeLearningProcess  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
@@ -254,46 +250,83 @@ async def test_concurrent_calls_share_the_pool(cluster) -> None:
     assert results["evaluation"] == [200 + i for i in range(6)]
 
 
+LOST_DRIVER = """
+import sys
+from pathlib import Path
+
+import anyio
+
+from managers import FileProgramStateManager, MemoryReleaseManager
+from programlogic import ClusterConnectionError, train_model
+from programlogic.contexts.ray import RayContext
+from programlogic.testing import FakeDataSource, FakeLearningProcess
+
+
+async def main(address, state_dir, more_rounds):
+    async with (
+        RayContext(address, num_workers=1, health_check_interval=0.2),
+        FileProgramStateManager(Path(state_dir), keep_total=2) as state,
+    ):
+        saved = max(await state.get_versions(), default=0)
+        result = await train_model(
+            train_process=FakeLearningProcess(),
+            train_data_source=FakeDataSource(8),
+            train_per_round_clients=4,
+            train_total_rounds=saved + more_rounds,
+            program_state_manager=state,
+            model_output_manager=MemoryReleaseManager(),
+        )
+    print("saved", saved, "resumed_from", result.resumed_from, "round", result.round_num)
+
+
+try:
+    anyio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+except ClusterConnectionError as error:
+    sys.exit(f"ClusterConnectionError: {error}")
+"""
+
+
 @asyncio_only
 async def test_a_lost_cluster_fails_training_clearly_and_a_rerun_resumes(
     cluster, tmp_path: Path
 ) -> None:
+    # The driver runs in a process of its own: when its cluster dies under it, Ray may
+    # end the driver process too (its own behaviour), which must not end the tests.
     doomed = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     state_dir = tmp_path / "state"
-
-    async def run(address: str, more_rounds: int):
-        async with (
-            RayContext(address, num_workers=1, health_check_interval=0.5),
-            FileProgramStateManager(state_dir, keep_total=2) as state,
-        ):
-            saved = max(await state.get_versions(), default=0)
-            return saved, await train_model(
-                train_process=FakeLearningProcess(),
-                train_data_source=FakeDataSource(8),
-                train_per_round_clients=4,
-                train_total_rounds=saved + more_rounds,
-                program_state_manager=state,
-                model_output_manager=MemoryReleaseManager(),
-            )
+    environment = {**os.environ, "PYTHONPATH": os.getcwd()}
 
     async def kill_the_cluster_after_round_3() -> None:
         while not any(path.name.endswith("3") for path in _listing(state_dir)):
             await anyio.sleep(0.05)
-        # The whole cluster goes: its head (the control service) and its raylet.
         await anyio.to_thread.run_sync(
             functools.partial(doomed.head_node.kill_all_processes, check_alive=False)
         )
 
     try:
-        with pytest.raises(ClusterConnectionError, match="lost the connection to the Ray cluster"):
-            async with task_group() as group:
-                group.start_soon(kill_the_cluster_after_round_3)
-                await run(doomed.address, 100_000)
+        async with task_group() as group:
+            group.start_soon(kill_the_cluster_after_round_3)
+            lost = await anyio.run_process(
+                [sys.executable, "-c", LOST_DRIVER, doomed.address, str(state_dir), "100000"],
+                check=False,
+                env=environment,
+            )
     finally:
         doomed.shutdown()
-    saved, result = await run(cluster.address, 2)
-    assert saved >= 3
-    assert (result.resumed_from, result.round_num) == (saved, saved + 2)
+    assert lost.returncode == 1
+    assert (
+        "ClusterConnectionError: lost the connection to the Ray cluster"
+        in (lost.stderr.decode().strip().splitlines()[-1])
+    )
+    rerun = await anyio.run_process(
+        [sys.executable, "-c", LOST_DRIVER, cluster.address, str(state_dir), "2"],
+        check=False,
+        env=environment,
+    )
+    assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
+    _, saved, _, resumed_from, _, round_num = rerun.stdout.decode().split()
+    assert int(saved) >= 3
+    assert (int(resumed_from), int(round_num)) == (int(saved), int(saved) + 2)
 
 
 def _listing(directory: Path) -> list[Path]:
