@@ -1,0 +1,15 @@
+"""Run TensorFlow Federated's learning processes, data sources and release managers here."""
+
+from programlogic.contexts.tff.release import (
+    ReleaseManagerForTFF,
+    TFFReleaseManager,
+    from_tff_structure,
+    to_tff_structure,
+)
+
+__all__ = [
+    "ReleaseManagerForTFF",
+    "TFFReleaseManager",
+    "from_tff_structure",
+    "to_tff_structure",
+]

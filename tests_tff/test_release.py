@@ -1,0 +1,311 @@
+"""Release managers across the TFF boundary: TFF's used as ours, ours handed to TFF."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import math
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from managers import (
+    CSVFileReleaseManager,
+    GroupingReleaseManager,
+    MemoryProgramStateManager,
+    MemoryReleaseManager,
+)
+from managers.structure import flatten
+from programlogic import LocalContext, train_model
+from programlogic.contexts.tff import (
+    ReleaseManagerForTFF,
+    TFFReleaseManager,
+    from_tff_structure,
+    to_tff_structure,
+)
+from programlogic.testing import FakeDataSource, FakeLearningProcess
+from programlogic.training import final_model_key
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # TFF's release managers and program logic are asyncio code
+
+
+def read_tff_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+async def test_tff_managers_inside_our_grouping_receive_what_train_model_releases(
+    tmp_path: Path,
+) -> None:
+    ours = MemoryReleaseManager()
+    tff_memory = tff.program.MemoryReleaseManager()
+    tff_csv = tff.program.CSVFileReleaseManager(str(tmp_path / "tff_metrics.csv"))
+    metrics = GroupingReleaseManager(
+        [ours, TFFReleaseManager(tff_memory), TFFReleaseManager(tff_csv)]
+    )
+    tff_models = tff.program.MemoryReleaseManager()
+    async with LocalContext(max_workers=2):
+        result = await train_model(
+            train_process=FakeLearningProcess(dim=3),
+            train_data_source=FakeDataSource(8, dim=3),
+            train_per_round_clients=4,
+            train_total_rounds=5,
+            program_state_manager=MemoryProgramStateManager(),
+            model_output_manager=TFFReleaseManager(tff_models),
+            train_metrics_manager=metrics,
+            seed=3,
+        )
+
+    released = dict(tff_memory.values())
+    assert list(released) == [1, 2, 3, 4, 5]
+    for round_num, value in ours.values().items():
+        assert flatten(released[round_num]) == flatten(value)
+    rows = read_tff_csv(tmp_path / "tff_metrics.csv")
+    assert [row["key"] for row in rows] == ["1", "2", "3", "4", "5"]
+    for row in rows:
+        expected = ours.values()[int(row["key"])]["client_work"]["train"]
+        assert math.isclose(float(row["client_work/train/loss"]), expected["loss"], rel_tol=1e-15)
+        assert int(row["client_work/train/num_examples"]) == expected["num_examples"]
+    final = dict(tff_models.values())[final_model_key(5)]
+    np.testing.assert_array_equal(final, result.state["weights"])
+
+
+async def test_our_managers_receive_what_tff_train_model_releases(tmp_path: Path) -> None:
+    process, client_data = tiny_tff_fed_avg()
+    tff_metrics = tff.program.MemoryReleaseManager()
+    our_metrics = MemoryReleaseManager()
+    our_csv = CSVFileReleaseManager(tmp_path / "metrics.csv")
+    tff_models = tff.program.MemoryReleaseManager()
+    our_models = MemoryReleaseManager()
+    context = tff.program.NativeFederatedContext(
+        tff.backends.native.create_async_local_cpp_execution_context()
+    )
+    with tff.framework.get_context_stack().install(context):
+        await tff.learning.programs.train_model(
+            train_process=process,
+            train_data_source=FixedCohort.source(client_data),
+            train_per_round_clients=len(client_data),
+            train_total_rounds=3,
+            program_state_manager=tff.program.FileProgramStateManager(str(tmp_path / "state")),
+            model_output_manager=tff.program.GroupingReleaseManager(
+                [tff_models, ReleaseManagerForTFF(our_models)]
+            ),
+            train_metrics_manager=tff.program.GroupingReleaseManager(
+                [tff_metrics, ReleaseManagerForTFF(our_metrics), ReleaseManagerForTFF(our_csv)]
+            ),
+            evaluation_manager=None,
+            evaluation_periodicity=100,
+        )
+    await our_csv.aclose()
+
+    expected = dict(tff_metrics.values())
+    assert list(our_metrics.values()) == [1, 2, 3]
+    for round_num, value in our_metrics.values().items():
+        assert_same_leaves(value, from_tff_structure(expected[round_num]))
+    # TFF's train_model rewraps the metrics: client_work/train/* becomes model_metrics/*.
+    rows = read_tff_csv(tmp_path / "metrics.csv")
+    losses = [float(row["model_metrics/loss"]) for row in rows]
+    assert losses == [float(expected[r]["model_metrics"]["loss"]) for r in (1, 2, 3)]
+    assert losses[2] < losses[0]
+    key = "training_checkpoint_round_3"
+    state = our_models.values()[key]
+    tff_state = dict(tff_models.values())[key]
+    assert type(state) is type(tff_state)  # LearningAlgorithmState, a NamedTuple
+    assert_same_leaves(state, from_tff_structure(tff_state))
+    trainable = state.global_model_weights.trainable
+    assert [array.shape for array in trainable] == [(4, 3), (3,)]
+
+
+def assert_same_leaves(actual: object, expected: object) -> None:
+    actual_leaves, expected_leaves = flatten(actual), flatten(expected)
+    assert [path for path, _ in actual_leaves] == [path for path, _ in expected_leaves]
+    for (path, a), (_, e) in zip(actual_leaves, expected_leaves, strict=True):
+        np.testing.assert_array_equal(a, e, err_msg=path)
+        assert np.asarray(a).dtype == np.asarray(e).dtype, path
+
+
+async def test_released_keys_must_be_int_or_str() -> None:
+    ours = ReleaseManagerForTFF(MemoryReleaseManager())
+    with pytest.raises(TypeError, match="release key must be an int or a str, got float"):
+        await ours.release({"a": 1}, 1.5)
+    await ours.release({"a": 1}, np.int64(4))
+    assert list(ours.manager.values()) == [4]
+    assert type(next(iter(ours.manager.values()))) is int
+    theirs = TFFReleaseManager(tff.program.MemoryReleaseManager())
+    with pytest.raises(TypeError, match="got bool True"):
+        await theirs.release({"a": 1}, True)
+
+
+async def test_constructors_name_the_bad_argument() -> None:
+    with pytest.raises(TypeError, match="tff_manager must be a tff.program.ReleaseManager"):
+        TFFReleaseManager(MemoryReleaseManager())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="manager must be a programlogic ReleaseManager"):
+        ReleaseManagerForTFF(tff.program.MemoryReleaseManager())  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    tags: list[str]
+
+
+@attrs.define
+class Weights:
+    kernel: object
+    bias: object
+
+
+class Pair(collections.namedtuple("Pair", ["first", "second"])):
+    pass
+
+
+async def test_values_cross_the_boundary_in_each_sides_containers() -> None:
+    theirs = tff.program.MemoryReleaseManager()
+    await TFFReleaseManager(theirs).release(
+        {"point": Point(0.5, ["a"]), "pair": Pair(tf.constant([1, 2]), b"x")}, 7
+    )
+    released = dict(theirs.values())[7]
+    assert released["point"] == {"x": 0.5, "tags": ["a"]}
+    assert type(released["pair"]) is Pair
+    np.testing.assert_array_equal(released["pair"].first, np.array([1, 2], np.int32))
+    assert isinstance(released["pair"].first, np.ndarray)
+
+    ours = MemoryReleaseManager()
+    value = collections.OrderedDict(
+        weights=Weights(tf.constant([[1.0]]), np.float32(2)),
+        struct=tff.structure.Struct([("a", 1), ("b", np.int64(2))]),
+        unnamed=tff.structure.Struct([(None, "s")]),
+    )
+    await ReleaseManagerForTFF(ours).release(value, "final")
+    got = ours.values()["final"]
+    assert type(got) is collections.OrderedDict
+    assert flatten(got) == [
+        ("weights/kernel", got["weights"]["kernel"]),
+        ("weights/bias", np.float32(2)),
+        ("struct/a", 1),
+        ("struct/b", 2),
+        ("unnamed/0", "s"),
+    ]
+    np.testing.assert_array_equal(got["weights"]["kernel"], np.array([[1.0]], np.float32))
+    assert to_tff_structure(Point(1.0, [])) == {"x": 1.0, "tags": []}
+
+
+async def test_tff_value_references_are_materialized_for_our_managers() -> None:
+    class Later(tff.program.MaterializableValueReference):
+        @property
+        def type_signature(self) -> tff.TensorType:
+            return tff.TensorType(np.float32)
+
+        async def get_value(self) -> np.float32:
+            return np.float32(0.25)
+
+    ours = MemoryReleaseManager()
+    await ReleaseManagerForTFF(ours).release({"loss": Later(), "round": 2}, 2)
+    assert ours.values()[2] == {"loss": np.float32(0.25), "round": 2}
+    with pytest.raises(TypeError, match="materialize it first"):
+        from_tff_structure({"loss": Later()})
+
+
+async def test_errors_cross_the_boundary_unchanged() -> None:
+    class FullDisk(tff.program.ReleaseManager):
+        async def release(self, value: object, key: object) -> None:
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        await TFFReleaseManager(FullDisk()).release({"a": 1}, 1)
+
+    class Refusing(MemoryReleaseManager):
+        async def release(self, value: object, key: object) -> None:
+            raise ValueError("refused")
+
+    with pytest.raises(ValueError, match="refused"):
+        await ReleaseManagerForTFF(Refusing()).release({"a": 1}, 1)
+
+
+# A small FedAvg process and its clients, as TFF programs build them.
+
+
+class FixedCohort(tff.program.FederatedDataSourceIterator):
+    """The same clients every round (TFF's own sources sample with the global RNG)."""
+
+    def __init__(self, datasets: list[tf.data.Dataset]) -> None:
+        self._datasets = datasets
+
+    @classmethod
+    def source(cls, datasets: list[tf.data.Dataset]) -> tff.program.FederatedDataSource:
+        cohort = cls(datasets)
+
+        class Source(tff.program.FederatedDataSource):
+            federated_type = cohort.federated_type
+
+            def iterator(self) -> FixedCohort:
+                return cohort
+
+        return Source()
+
+    @property
+    def federated_type(self) -> tff.FederatedType:
+        return tff.FederatedType(
+            tff.SequenceType(tff.types.tensorflow_to_type(self._datasets[0].element_spec)),
+            tff.CLIENTS,
+        )
+
+    def select(self, k: int | None = None) -> list[tf.data.Dataset]:
+        return self._datasets[:k]
+
+    def to_bytes(self) -> bytes:
+        return b""
+
+    @classmethod
+    def from_bytes(cls, buffer: bytes) -> FixedCohort:
+        raise NotImplementedError("the test never resumes")
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FixedCohort:
+        return self
+
+
+def tiny_tff_fed_avg() -> tuple[tff.templates.IterativeProcess, list[tf.data.Dataset]]:
+    """TFF FedAvg on 3 clients of 12 examples, 4 features, 3 classes."""
+    rng = np.random.default_rng(0)
+    datasets = [
+        tf.data.Dataset.from_tensor_slices(
+            collections.OrderedDict(
+                x=rng.random((12, 4), dtype=np.float32),
+                y=rng.integers(0, 3, (12, 1)).astype(np.int32),
+            )
+        ).batch(4)
+        for _ in range(3)
+    ]
+    spec = datasets[0].element_spec
+
+    def model_fn() -> tff.learning.models.VariableModel:
+        keras_model = tf.keras.Sequential(
+            [
+                tf.keras.layers.InputLayer(input_shape=(4,)),
+                tf.keras.layers.Dense(3, kernel_initializer="zeros"),
+                tf.keras.layers.Softmax(),
+            ]
+        )
+        return tff.learning.models.from_keras_model(
+            keras_model,
+            input_spec=spec,
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(),
+            metrics=[tf.keras.metrics.SparseCategoricalAccuracy()],
+        )
+
+    process = tff.learning.algorithms.build_weighted_fed_avg(
+        model_fn,
+        client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=0.5),
+        server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+    )
+    return process, datasets
