@@ -147,7 +147,7 @@ async def test_released_keys_must_be_int_or_str() -> None:
 
 
 async def test_constructors_name_the_bad_argument() -> None:
-    with pytest.raises(TypeError, match="tff_manager must be a tff.program.ReleaseManager"):
+    with pytest.raises(TypeError, match=r"tff_manager must be a tff\.program\.ReleaseManager"):
         TFFReleaseManager(MemoryReleaseManager())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="manager must be a programlogic ReleaseManager"):
         ReleaseManagerForTFF(tff.program.MemoryReleaseManager())  # type: ignore[arg-type]
