@@ -20,10 +20,6 @@ from programlogic.testing import FakeLearningProcess
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # TFF's program logic is asyncio code
-
 
 def datasets(count: int) -> list[tf.data.Dataset]:
     return [tf.data.Dataset.from_tensor_slices(np.full((2, 1), i, np.int32)) for i in range(count)]

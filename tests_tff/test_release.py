@@ -35,10 +35,6 @@ from programlogic.training import final_model_key
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # TFF's release managers and program logic are asyncio code
-
 
 def read_tff_csv(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as file:

@@ -16,10 +16,6 @@ pytestmark = pytest.mark.anyio
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "tff_program.py"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
 
 def run_sample(root: Path, rounds: int) -> str:
     done = subprocess.run(
