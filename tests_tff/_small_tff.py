@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from programlogic.contexts.tff.context import _stop_runtime
 
 
 class FixedCohort(tff.program.FederatedDataSourceIterator):
@@ -85,3 +89,14 @@ def tiny_tff_fed_avg(
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
     )
     return process, datasets
+
+
+@contextlib.contextmanager
+def native_context() -> Iterator[None]:
+    """TFF's own program context installed, its worker process stopped on leaving."""
+    runtime = tff.backends.native.create_async_local_cpp_execution_context()
+    try:
+        with tff.framework.get_context_stack().install(tff.program.NativeFederatedContext(runtime)):
+            yield
+    finally:
+        _stop_runtime(runtime)  # TFF would leave its worker process to the garbage collector

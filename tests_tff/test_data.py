@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
-from _small_tff import tiny_tff_fed_avg
+from _small_tff import native_context, tiny_tff_fed_avg
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager
 from programlogic import InMemoryDataSource, LocalContext, Sampling, train_model
@@ -18,7 +18,6 @@ from programlogic.contexts.tff import FederatedDataSourceForTFF, TFFDataSource, 
 from programlogic.testing import FakeLearningProcess
 
 pytestmark = pytest.mark.anyio
-
 
 
 def datasets(count: int) -> list[tf.data.Dataset]:
@@ -150,10 +149,7 @@ async def test_a_resumed_tff_program_on_our_source_trains_as_the_uninterrupted_o
         )
         return dict(metrics.values())
 
-    context = tff.program.NativeFederatedContext(
-        tff.backends.native.create_async_local_cpp_execution_context()
-    )
-    with tff.framework.get_context_stack().install(context):
+    with native_context():
         uninterrupted = await run(tmp_path / "a", 4)
         await run(tmp_path / "b", 2)  # stops after round 2, as a killed run would
         resumed = await run(tmp_path / "b", 4)

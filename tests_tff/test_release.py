@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
-from _small_tff import FixedCohort, tiny_tff_fed_avg
+from _small_tff import FixedCohort, native_context, tiny_tff_fed_avg
 
 from managers import (
     CSVFileReleaseManager,
@@ -33,7 +33,6 @@ from programlogic.testing import FakeDataSource, FakeLearningProcess
 from programlogic.training import final_model_key
 
 pytestmark = pytest.mark.anyio
-
 
 
 def read_tff_csv(path: Path) -> list[dict[str, str]]:
@@ -84,10 +83,7 @@ async def test_our_managers_receive_what_tff_train_model_releases(tmp_path: Path
     our_csv = CSVFileReleaseManager(tmp_path / "metrics.csv")
     tff_models = tff.program.MemoryReleaseManager()
     our_models = MemoryReleaseManager()
-    context = tff.program.NativeFederatedContext(
-        tff.backends.native.create_async_local_cpp_execution_context()
-    )
-    with tff.framework.get_context_stack().install(context):
+    with native_context():
         await tff.learning.programs.train_model(
             train_process=process,
             train_data_source=FixedCohort.source(client_data),

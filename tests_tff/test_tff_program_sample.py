@@ -16,7 +16,6 @@ pytestmark = pytest.mark.anyio
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "tff_program.py"
 
 
-
 def run_sample(root: Path, rounds: int) -> str:
     done = subprocess.run(
         [sys.executable, str(SAMPLE), "--rounds", str(rounds), "--root", str(root)],
