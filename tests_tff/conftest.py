@@ -17,6 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from programlogic import InMemoryDataSource
+
 # TensorFlow and TFF warn about their own dependencies on import; the project's
 # `filterwarnings = error` is for warnings of this project.
 warnings_of_tff = [
@@ -39,9 +41,9 @@ with warnings.catch_warnings():
     import tensorflow as tf
     import tensorflow_federated as tff
 
-from programlogic import InMemoryDataSource
-
 NUM_CLIENTS = 12
+PER_ROUND = 4
+SEED = 3
 FEATURES = 8
 CLASSES = 3
 ELEMENT_SPEC = collections.OrderedDict(
@@ -49,8 +51,9 @@ ELEMENT_SPEC = collections.OrderedDict(
 )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
+    """asyncio: TFF's runtime runs on its own threads, whichever loop drives ours."""
     return "asyncio"
 
 
@@ -88,14 +91,19 @@ def to_dataset(arrays: tuple[np.ndarray, np.ndarray]) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(8)
 
 
-@pytest.fixture(scope="session")
-def fedavg() -> tff.learning.templates.LearningProcess:
-    """The TFF FedAvg process every training test runs."""
+def build_fedavg() -> tff.learning.templates.LearningProcess:
+    """FedAvg of :func:`model_fn`'s model; server momentum, so the state holds more than weights."""
     return tff.learning.algorithms.build_weighted_fed_avg(
         model_fn,
         client_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=0.1),
         server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0, momentum=0.9),
     )
+
+
+@pytest.fixture(scope="session")
+def fedavg() -> tff.learning.templates.LearningProcess:
+    """The TFF FedAvg process every training test runs."""
+    return build_fedavg()
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +116,7 @@ def datasets(arrays) -> dict[str, tf.data.Dataset]:
     return {client_id: to_dataset(data) for client_id, data in arrays.items()}
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_source(datasets) -> InMemoryDataSource:
     """Our data source whose clients load their ``tf.data.Dataset``."""
     return InMemoryDataSource(datasets)
