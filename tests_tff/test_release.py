@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+import sniffio
 import tensorflow as tf
 import tensorflow_federated as tff
 from _small_tff import FixedCohort, native_context, tiny_tff_fed_avg
@@ -223,3 +224,14 @@ async def test_errors_cross_the_boundary_unchanged() -> None:
 
     with pytest.raises(ValueError, match="refused"):
         await ReleaseManagerForTFF(Refusing()).release({"a": 1}, 1)
+
+
+async def test_tff_managers_refuse_an_event_loop_other_than_asyncio() -> None:
+    theirs = tff.program.MemoryReleaseManager()
+    token = sniffio.current_async_library_cvar.set("trio")  # as if trio ran this task
+    try:
+        with pytest.raises(RuntimeError, match="asyncio only; this program runs on trio"):
+            await TFFReleaseManager(theirs).release({"a": 1}, 1)
+    finally:
+        sniffio.current_async_library_cvar.reset(token)
+    assert dict(theirs.values()) == {}
