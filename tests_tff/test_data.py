@@ -14,13 +14,19 @@ from _small_tff import native_context, tiny_tff_fed_avg
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager
 from programlogic import InMemoryDataSource, LocalContext, Sampling, train_model
-from programlogic.contexts.tff import FederatedDataSourceForTFF, TFFDataSource, client_dataset_type
+from programlogic.contexts.tff import (
+    FederatedDataSourceForTFF,
+    TFFContext,
+    TFFDataSource,
+    TFFLearningProcess,
+    client_dataset_type,
+)
 from programlogic.testing import FakeLearningProcess
 
 pytestmark = pytest.mark.anyio
 
 
-def datasets(count: int) -> list[tf.data.Dataset]:
+def numbered_datasets(count: int) -> list[tf.data.Dataset]:
     return [tf.data.Dataset.from_tensor_slices(np.full((2, 1), i, np.int32)) for i in range(count)]
 
 
@@ -29,7 +35,7 @@ def contents(dataset: tf.data.Dataset) -> list[list[int]]:
 
 
 async def test_a_tff_dataset_source_is_sampled_by_seed_and_round() -> None:
-    tff_source = tff.program.DatasetDataSource(datasets(12))
+    tff_source = tff.program.DatasetDataSource(numbered_datasets(12))
     source = TFFDataSource(tff_source)
     assert source.client_ids == [f"{i:02d}" for i in range(12)]
     assert source.federated_type == tff_source.federated_type
@@ -46,6 +52,31 @@ async def test_a_tff_dataset_source_is_sampled_by_seed_and_round() -> None:
     assert [h.client_id for h in ours.select(4, 2)] == [h.client_id for h in rounds[2]]
     fixed = TFFDataSource(tff_source, sampling=Sampling.FIXED).iterator(1)
     assert fixed.select(3, 1) == fixed.select(3, 9)
+
+
+async def test_a_tff_process_trains_on_a_tff_source_under_train_model(fedavg, datasets) -> None:
+    clients = list(datasets.values())
+    tff_source = TFFDataSource(tff.program.DatasetDataSource(clients))
+    ours = InMemoryDataSource({f"{i:02d}": dataset for i, dataset in enumerate(clients)})
+
+    async def run(source: object) -> dict[int, object]:
+        metrics = MemoryReleaseManager()
+        async with TFFContext():
+            await train_model(
+                train_process=TFFLearningProcess(fedavg),
+                train_data_source=source,  # type: ignore[arg-type]
+                train_per_round_clients=4,
+                train_total_rounds=2,
+                program_state_manager=MemoryProgramStateManager(),
+                model_output_manager=MemoryReleaseManager(),
+                train_metrics_manager=metrics,
+                seed=5,
+            )
+        return metrics.values()
+
+    from_tff, from_ours = await run(tff_source), await run(ours)
+    assert list(from_tff) == [1, 2]
+    np.testing.assert_equal(from_tff, from_ours)  # the same clients, bit for bit
 
 
 async def test_client_ids_and_client_data_load_where_the_work_runs() -> None:
@@ -102,13 +133,13 @@ async def test_sources_that_cannot_be_listed_are_refused() -> None:
     with pytest.raises(ValueError, match=r"duplicated client ids: \['a'\]"):
         TFFDataSource(tff.program.ClientIdDataSource(["a", "b", "a"]))
     with pytest.raises(TypeError, match="load applies to client ids"):
-        TFFDataSource(tff.program.DatasetDataSource(datasets(2)), load=str)
+        TFFDataSource(tff.program.DatasetDataSource(numbered_datasets(2)), load=str)
     with pytest.raises(TypeError, match="load must be callable or None, got int"):
         TFFDataSource(tff.program.ClientIdDataSource(["a"]), load=3)  # type: ignore[arg-type]
 
 
 async def test_our_source_in_tff_selects_by_round_and_serializes() -> None:
-    data = datasets(6)
+    data = numbered_datasets(6)
     ours = InMemoryDataSource({f"{i}": d for i, d in enumerate(data)})
     source = FederatedDataSourceForTFF(ours, client_dataset_type(data[0]), seed=2)
     assert source.federated_type == tff.program.DatasetDataSource(data).federated_type
