@@ -34,7 +34,7 @@ import sniffio
 import tensorflow_federated as tff
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
-from managers.structure import is_container
+from managers.structure import dict_like, is_container
 from managers.values import materialize
 
 __all__ = [
@@ -124,13 +124,13 @@ class ReleaseManagerForTFF(tff.program.ReleaseManager):
         if isinstance(key, np.integer):
             key = int(key)
         check_key(key)
-        await self._manager.release(from_tff_structure(await materialize_tff(value)), key)
+        await self._manager.release(from_tff_structure(await _materialize_tff(value)), key)
 
     def __repr__(self) -> str:
         return f"ReleaseManagerForTFF({self._manager!r})"
 
 
-async def materialize_tff(value: Any) -> Any:
+async def _materialize_tff(value: Any) -> Any:
     """``value`` with its TFF and our value references awaited, attrs classes traversed."""
     return await materialize(from_tff_structure(value, keep_references=True))
 
@@ -194,8 +194,7 @@ def from_tff_structure(value: Any, *, keep_references: bool = False) -> Any:
 def _map_children(function: Any, container: Any) -> Any:
     """``container`` rebuilt with ``function`` applied to each child (one level)."""
     if isinstance(container, dict):
-        rebuilt = {key: function(child) for key, child in container.items()}
-        return rebuilt if type(container) is dict else type(container)(rebuilt)
+        return dict_like(container, {key: function(child) for key, child in container.items()})
     if isinstance(container, list):
         return [function(child) for child in container]
     if isinstance(container, tuple):
