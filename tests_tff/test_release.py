@@ -26,6 +26,8 @@ from managers.structure import flatten
 from programlogic import LocalContext, train_model
 from programlogic.contexts.tff import (
     ReleaseManagerForTFF,
+    TFFContext,
+    TFFLearningProcess,
     TFFReleaseManager,
     from_tff_structure,
     to_tff_structure,
@@ -75,6 +77,46 @@ async def test_tff_managers_inside_our_grouping_receive_what_train_model_release
         assert int(row["client_work/train/num_examples"]) == expected["num_examples"]
     final = dict(tff_models.values())[final_model_key(5)]
     np.testing.assert_array_equal(final, result.state["weights"])
+
+
+async def test_tff_file_managers_keep_what_a_tff_process_under_train_model_releases(
+    fedavg, data_source, tmp_path: Path
+) -> None:
+    """TFF's SavedModel and TensorBoard managers as our model and metrics managers."""
+    saved_models = tff.program.SavedModelFileReleaseManager(str(tmp_path / "models"))
+    process = TFFLearningProcess(fedavg)
+    ours = MemoryReleaseManager()
+    async with TFFContext():
+        result = await train_model(
+            train_process=process,
+            train_data_source=data_source,
+            train_per_round_clients=3,
+            train_total_rounds=2,
+            program_state_manager=MemoryProgramStateManager(),
+            model_output_manager=TFFReleaseManager(saved_models),
+            train_metrics_manager=GroupingReleaseManager(
+                [
+                    ours,
+                    TFFReleaseManager(
+                        tff.program.TensorBoardReleaseManager(str(tmp_path / "tensorboard"))
+                    ),
+                ]
+            ),
+        )
+        weights = await process.get_model_weights(result.state)
+    kept = await saved_models.get_value(final_model_key(2))
+    assert_same_leaves(from_tff_structure(kept), weights)
+    losses = {
+        event.step: float(tf.make_ndarray(value.tensor))
+        for path in (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+        for event in tf.compat.v1.train.summary_iterator(str(path))
+        for value in event.summary.value
+        if value.tag == "client_work/train/loss"
+    }
+    assert losses == {
+        round_num: float(metrics["client_work"]["train"]["loss"])
+        for round_num, metrics in ours.values().items()
+    }
 
 
 async def test_our_managers_receive_what_tff_train_model_releases(tmp_path: Path) -> None:
