@@ -36,6 +36,6 @@ fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 "$venv/bin/pip" freeze --exclude-editable | grep -v '^-e ' | grep -v ' @ ' >"$constraints"
-"$venv/bin/pip" install -q -c "$constraints" -e "$repo" "pytest>=8" "hypothesis>=6.90"
+"$venv/bin/pip" install -q -c "$constraints" -e "$repo" "pytest>=8" "hypothesis>=6.90" "trio>=0.25"
 "$venv/bin/python" -c 'import tensorflow_federated as tff, programlogic; print("tff", tff.__version__)' >&2
 echo "$venv"

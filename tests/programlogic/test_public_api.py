@@ -1,4 +1,6 @@
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +62,16 @@ async def test_every_public_name_has_a_docstring() -> None:
             value = getattr(module, name)
             if inspect.isclass(value) or inspect.isfunction(value):
                 assert inspect.getdoc(value), f"{module.__name__}.{name} has no docstring"
+
+
+async def test_importing_programlogic_never_imports_the_optional_tff_backend() -> None:
+    # programlogic.contexts.tff needs TensorFlow Federated (tests_tff/ tests it in its
+    # own environment); the core must not import it, in a fresh interpreter.
+    code = (
+        "import sys, programlogic, programlogic.contexts;"
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('programlogic.contexts.tff', 'tensorflow_federated'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
