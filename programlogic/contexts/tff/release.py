@@ -18,19 +18,23 @@ Values are converted on the way, so that each side receives the structures it kn
   dict (named fields) or a list, tensors become NumPy arrays, NumPy integer keys become
   ``int``. Dicts, lists, tuples and NamedTuples keep their types on both sides.
 
-TFF's release managers are asyncio code, and its file sinks write on the event loop
-they are awaited on; :class:`TFFReleaseManager` therefore needs an asyncio event loop
-and raises ``RuntimeError`` under trio.
+TFF's release managers are asyncio code whose file sinks (CSV, TensorBoard, SavedModel)
+write files synchronously inside ``release``. :class:`TFFReleaseManager` therefore runs
+each TFF release on an asyncio event loop of its own in a worker thread, so the
+program's event loop (asyncio or trio) never blocks on TFF's writes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable, Coroutine
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import attrs
 import numpy as np
-import sniffio
 import tensorflow_federated as tff
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
@@ -51,17 +55,20 @@ class TFFReleaseManager(ReleaseManager):
     """A ``tff.program.ReleaseManager`` used as a release manager of ours.
 
     ``release(value, key)`` awaits the value references in ``value`` (ours and TFF's),
-    converts the result with :func:`to_tff_structure` and awaits
-    ``tff_manager.release(value, key)``. Errors of the TFF manager are raised to the
-    caller unchanged.
+    converts the result with :func:`to_tff_structure`, then runs
+    ``tff_manager.release(value, key)`` to its end on a private asyncio event loop in a
+    worker thread; the calls of one instance run there one at a time.
+    Errors of the TFF manager are raised to the caller unchanged. A cancelled release
+    still finishes the TFF call it started (a file is never left half written), then
+    raises the cancellation.
 
     Idempotent by key exactly as far as the TFF manager is: TFF's
     ``MemoryReleaseManager`` replaces a key's value; TFF's ``CSVFileReleaseManager``
     accepts only ``int`` keys and, when a key is released again, drops the rows from that
     key on (so releases must come in increasing key order, as training metrics do);
-    TFF's ``LoggingReleaseManager`` logs every release. Concurrent calls are allowed as
-    far as the TFF manager allows them. Needs an asyncio event loop (see the module
-    docstring). ``aclose`` does nothing: TFF's managers hold nothing open.
+    TFF's ``LoggingReleaseManager`` logs every release. Concurrent calls are allowed
+    and are handed to the TFF manager one at a time. Works under asyncio and trio.
+    ``aclose`` does nothing: TFF's managers hold nothing open.
     """
 
     def __init__(self, tff_manager: tff.program.ReleaseManager) -> None:
@@ -71,6 +78,7 @@ class TFFReleaseManager(ReleaseManager):
                 f"got {type(tff_manager).__name__} {tff_manager!r}"
             )
         self._tff_manager = tff_manager
+        self._lock: anyio.Lock | None = None
 
     @property
     def tff_manager(self) -> tff.program.ReleaseManager:
@@ -79,13 +87,11 @@ class TFFReleaseManager(ReleaseManager):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         check_key(key)
-        library = sniffio.current_async_library()
-        if library != "asyncio":
-            raise RuntimeError(
-                f"TFF's release managers run on asyncio only; this program runs on {library}"
-            )
         plain = to_tff_structure(await materialize(value))
-        await self._tff_manager.release(plain, key)
+        if self._lock is None:  # made on first use, inside the program's event loop
+            self._lock = anyio.Lock()
+        async with self._lock:
+            await anyio.to_thread.run_sync(_run_on_own_loop, self._tff_manager.release, plain, key)
 
     def __repr__(self) -> str:
         return f"TFFReleaseManager({self._tff_manager!r})"
@@ -128,6 +134,16 @@ class ReleaseManagerForTFF(tff.program.ReleaseManager):
 
     def __repr__(self) -> str:
         return f"ReleaseManagerForTFF({self._manager!r})"
+
+
+def _run_on_own_loop(function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+    """Run ``function(*args)`` to its end on a new asyncio event loop of this thread."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(function(*args))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 async def _materialize_tff(value: Any) -> Any:
