@@ -121,3 +121,16 @@ async def test_bad_arguments_and_use_outside_the_context_are_clear_errors(fedavg
     async with LocalContext():
         with pytest.raises(TypeError, match="runs in a TFFContext, but the current context is a"):
             await process.initialize()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_context_and_a_process_run_under_trio(fedavg, data_source) -> None:
+    process = TFFLearningProcess(fedavg)
+    context = TFFContext()
+    async with context:
+        assert await context.run(add_one, 1) == 2
+        state = await process.initialize()
+        output = await process.next(state, data_source.iterator(0).select(2, 1))
+        pid = context.worker_pid
+    assert output.metrics["client_work"]["train"]["num_examples"] > 0
+    assert not alive(pid)

@@ -142,6 +142,12 @@ async def test_to_plain_and_from_plain_follow_the_tff_type() -> None:
     back = from_plain(plain, type_spec)
     assert back["a"] == 7 and back["b"][0] == np.float32(1.5)
     assert dumps(to_plain(back, type_spec)) == dumps(plain)
+    reordered = to_plain({"b": (1.5, [1, 2]), "a": 7}, type_spec)  # matched by name
+    assert dumps(reordered) == dumps(plain)
+    with pytest.raises(ValueError, match=r"at the top: expected the names \['a', 'b'\]"):
+        to_plain({"a": 7, "c": (1.5, [1, 2])}, type_spec)
+    with pytest.raises(TypeError, match=r"at /s: values of type .* have no plain form"):
+        to_plain({"s": []}, tff.StructType([("s", tff.SequenceType(np.int32))]))
     with pytest.raises(ValueError, match="at /b: expected 2 elements"):
         from_plain({"a": 1, "b": [1.0]}, type_spec)
     with pytest.raises(TypeError, match=r"at /a: expected a int64 tensor, got list"):

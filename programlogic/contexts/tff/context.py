@@ -43,6 +43,9 @@ class TFFContext(FederatedContext):
     leaving the context stops it (SIGINT, then SIGKILL after 10 s), closes the
     executors and ends TFF's own event-loop thread and the worker thread. A context
     may be entered again afterwards; it then starts a fresh runtime.
+
+    A computation cannot be interrupted: cancelling a call that already runs waits for
+    it to finish (its result is discarded); calls not yet started are withdrawn.
     """
 
     def __init__(
@@ -150,40 +153,55 @@ def _service_manager_process(runtime: tff.framework.SyncContext | None) -> Any:
     return process if isinstance(process, subprocess.Popen) else None
 
 
-def _stop_runtime(runtime: tff.framework.SyncContext) -> None:
-    """Stop what a runtime of :meth:`TFFContext._start_runtime` started (on its thread).
+def _stop_runtime(runtime: tff.framework.SyncContext | tff.framework.AsyncContext) -> None:
+    """Stop what a TFF runtime made by ``create_*_local_cpp_execution_context`` started.
 
-    TFF 0.87 stops these only when the objects are garbage collected; the worker
-    process and TFF's event-loop thread are reached through TFF's private attributes,
-    which that pinned release will not change.
+    TFF 0.87 stops these only when the objects are garbage collected; the executors, the
+    worker process and TFF's event-loop thread are reached through TFF's private
+    attributes, which that pinned release will not change. Each step runs even if an
+    earlier one failed.
     """
-    executors = getattr(runtime.executor_factory, "_executors", None)
-    if executors is not None:
-        for executor in list(executors.values()):
-            executor.close()
-        executors.clear()
+    try:
+        executors = getattr(runtime.executor_factory, "_executors", None)
+        if executors is not None:
+            for executor in list(executors.values()):
+                executor.close()
+            executors.clear()
+    finally:
+        try:
+            _stop_worker_process(runtime)
+        finally:
+            _stop_event_loop_thread(runtime)
+
+
+def _stop_worker_process(runtime: Any) -> None:
     manager = _service_manager(runtime)
     process = _service_manager_process(runtime)
-    if process is not None:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                logger.warning("TFF's worker process %d ignored SIGINT; killing it", process.pid)
-                process.kill()
-                process.wait()
-        # Its finalizer would otherwise signal the (reaped, maybe reused) pid again.
-        manager._process = None
-        manager._stub = None
+    if process is None:
+        return
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("TFF's worker process %d ignored SIGINT; killing it", process.pid)
+            process.kill()
+            process.wait()
+    # Its finalizer would otherwise signal the (reaped, maybe reused) pid again.
+    manager._process = None
+    manager._stub = None
+
+
+def _stop_event_loop_thread(runtime: Any) -> None:
     runner = getattr(runtime, "_async_runner", None)
     loop = getattr(runner, "_event_loop", None)
     thread = getattr(runner, "_thread", None)
-    if loop is not None and thread is not None:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
-        runner._finalizer = _stopped_already
+    if loop is None or thread is None or loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+    runner._finalizer = _stopped_already
 
 
 def _stopped_already(loop: Any, thread: Any) -> None:

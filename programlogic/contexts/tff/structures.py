@@ -40,8 +40,22 @@ def _names(type_spec: tff.StructType, path: str) -> list[str] | None:
     return names  # type: ignore[return-value]
 
 
-def to_plain(value: Any, type_spec: tff.Type, path: str = "") -> Any:
-    """``value``, a Python value of TFF type ``type_spec``, as a plain structure."""
+def to_plain(value: Any, type_spec: tff.Type) -> Any:
+    """``value``, a Python value of TFF type ``type_spec``, as a plain structure.
+
+    Named elements of ``value`` are matched to the type's by name, unnamed ones by
+    position.
+
+    Raises:
+        TypeError, ValueError: ``value`` does not have the structure of ``type_spec``,
+            or the type holds what has no plain form (sequences, functions); the message
+            names the path of what differs.
+    """
+    return _to_plain(value, type_spec, "")
+
+
+def _to_plain(value: Any, type_spec: tff.Type, path: str) -> Any:
+    where = path or "the top"
     type_spec = _member(type_spec)
     if isinstance(type_spec, tff.TensorType):
         array = np.asarray(value, dtype=type_spec.dtype)
@@ -50,18 +64,22 @@ def to_plain(value: Any, type_spec: tff.Type, path: str = "") -> Any:
         elements = tff.structure.to_elements(tff.structure.from_container(value))
         types = list(tff.structure.iter_elements(type_spec))
         if len(elements) != len(types):
-            raise ValueError(
-                f"at {path or 'the top'}: {len(elements)} elements for the type {type_spec}"
-            )
+            raise ValueError(f"at {where}: {len(elements)} elements for the type {type_spec}")
         names = _names(type_spec, path)
-        items = [
-            to_plain(item, element_type, f"{path}/{name if name is not None else index}")
-            for index, ((_, item), (name, element_type)) in enumerate(
-                zip(elements, types, strict=True)
-            )
+        given = [name for name, _ in elements]
+        if names is not None and all(name is not None for name in given):
+            if set(given) != set(names):
+                raise ValueError(f"at {where}: expected the names {names}, got {given}")
+            by_name = dict(elements)
+            items = [by_name[name] for name in names]
+        else:
+            items = [item for _, item in elements]
+        plain = [
+            _to_plain(item, element_type, f"{path}/{name if name is not None else index}")
+            for index, (item, (name, element_type)) in enumerate(zip(items, types, strict=True))
         ]
-        return items if names is None else dict(zip(names, items, strict=True))
-    raise TypeError(f"at {path or 'the top'}: values of type {type_spec} have no plain form")
+        return plain if names is None else dict(zip(names, plain, strict=True))
+    raise TypeError(f"at {where}: values of type {type_spec} have no plain form")
 
 
 def from_plain(plain: Any, type_spec: tff.Type) -> Any:
