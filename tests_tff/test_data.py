@@ -13,7 +13,7 @@ import tensorflow_federated as tff
 from _small_tff import native_context, tiny_tff_fed_avg
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager
-from programlogic import InMemoryDataSource, LocalContext, Sampling, train_model
+from programlogic import InMemoryDataSource, LocalContext, ResumeError, Sampling, train_model
 from programlogic.contexts.tff import (
     FederatedDataSourceForTFF,
     TFFContext,
@@ -153,6 +153,12 @@ async def test_our_source_in_tff_selects_by_round_and_serializes() -> None:
     second = [contents(d) for d in restored.select(3)]
     assert second == [contents(h.load()) for h in ours.iterator(2).select(3, 2)]
     assert [contents(d) for d in copied.select(3)] == second
+    other = FederatedDataSourceForTFF(
+        InMemoryDataSource({f"{i}": d for i, d in enumerate(data[:5])}),
+        client_dataset_type(data[0]),
+    )
+    with pytest.raises(ResumeError, match="the saved data iterator sampled other clients"):
+        type(other.iterator()).from_bytes(iterator.to_bytes())
     with pytest.raises(TypeError, match="source must be a programlogic FederatedDataSource"):
         FederatedDataSourceForTFF(data, client_dataset_type(data[0]))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="seed must be an int >= 0, got -1"):

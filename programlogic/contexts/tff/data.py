@@ -24,6 +24,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from programlogic.data import ClientHandle, FederatedDataSource, HandleDataSource, Sampling
+from programlogic.exceptions import ResumeError
 
 __all__ = ["FederatedDataSourceForTFF", "TFFDataSource", "client_dataset_type"]
 
@@ -126,7 +127,9 @@ class FederatedDataSourceForTFF(tff.program.FederatedDataSource):
     loaded, in the order selected). Its ``to_bytes`` holds the seed and the next round,
     so TFF's ``FileProgramStateManager`` restores an iterator that continues where the
     saved one stopped and a resumed TFF program trains on the clients the
-    uninterrupted run would have. ``federated_type`` is the TFF type of the selected
+    uninterrupted run would have; restoring it over a source that samples other clients
+    (other ids, sampling mode or seed) raises :class:`~programlogic.ResumeError`.
+    ``federated_type`` is the TFF type of the selected
     data (for datasets: ``tff.FederatedType(tff.SequenceType(element type),
     tff.CLIENTS)``).
     """
@@ -190,12 +193,23 @@ class _SeededIterator(tff.program.FederatedDataSourceIterator):
         return [handle.load() for handle in handles]
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"seed": self._seed, "next_round": self._next_round}).encode()
+        saved = {
+            "seed": self._seed,
+            "next_round": self._next_round,
+            "sampling": self._sampler.describe(),
+        }
+        return json.dumps(saved).encode()
 
     @classmethod
     def from_bytes(cls, buffer: bytes) -> _SeededIterator:
         saved = json.loads(bytes(buffer).decode())
-        return cls(saved["seed"], saved["next_round"])
+        restored = cls(saved["seed"], saved["next_round"])
+        if restored._sampler.describe() != saved["sampling"]:
+            raise ResumeError(
+                "the saved data iterator sampled other clients: saved "
+                f"{saved['sampling']}, this data source {restored._sampler.describe()}"
+            )
+        return restored
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _SeededIterator:
         return type(self)(self._seed, self._next_round)
