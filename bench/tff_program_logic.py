@@ -23,7 +23,7 @@ Runs in the TFF environment (``scripts/install_tff.sh``):
 
     python bench/tff_program_logic.py [--rounds 10] [--clients 10]
 
-In CI: ``python bench/tff_program_logic.py --rounds 5`` (about 40 s).
+In CI: ``python bench/tff_program_logic.py --rounds 5`` (40-55 s on 2 busy cores).
 """
 
 from __future__ import annotations
