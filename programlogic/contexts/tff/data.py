@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from collections.abc import Callable, Sequence
@@ -61,9 +62,9 @@ class TFFDataSource(HandleDataSource):
         if load is not None and not callable(load):
             raise TypeError(f"load must be callable or None, got {type(load).__name__} {load!r}")
         handles, federated_type = _handles(source, load)
-        ids = [handle.client_id for handle in handles]
-        if len(set(ids)) != len(ids):
-            duplicated = sorted({client_id for client_id in ids if ids.count(client_id) > 1})
+        counts = collections.Counter(handle.client_id for handle in handles)
+        if len(counts) != len(handles):
+            duplicated = sorted(client_id for client_id, count in counts.items() if count > 1)
             raise ValueError(f"source has duplicated client ids: {duplicated[:5]!r}")
         super().__init__(handles, sampling=sampling)
         self._source = source
