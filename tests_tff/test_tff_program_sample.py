@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ def run_sample(root: Path, rounds: int) -> str:
 
 
 async def test_the_tff_program_trains_checkpoints_and_continues(tmp_path: Path) -> None:
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.fail(
+            "samples/tff_program.py trains on scikit-learn's digits: install scikit-learn "
+            "in the TFF environment (pip install -c <its pip freeze> scikit-learn)"
+        )
     first = run_sample(tmp_path, 2)
     assert "resumed" not in first
     second = run_sample(tmp_path, 3)
