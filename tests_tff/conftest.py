@@ -12,7 +12,6 @@ import collections
 import os
 import struct
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -164,8 +163,3 @@ class SampledDatasetIterator(tff.program.FederatedDataSourceIterator):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SampledDatasetIterator) and other._rounds == self._rounds
-
-
-@pytest.fixture
-def tff_source_fn(datasets) -> Callable[[InMemoryDataSource, int], SampledDatasetSource]:
-    return lambda source, seed: SampledDatasetSource(source, datasets, seed)
