@@ -1,4 +1,6 @@
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -70,3 +72,16 @@ async def test_the_ray_context_is_public_in_its_own_module() -> None:
     assert ray_module.__all__ == ["RayContext"]
     assert inspect.getdoc(ray_module.RayContext)
     assert issubclass(ray_module.RayContext, programlogic.FederatedContext)
+
+
+async def test_importing_programlogic_never_imports_the_optional_tff_backend() -> None:
+    # programlogic.contexts.tff needs TensorFlow Federated (tests_tff/ tests it in its
+    # own environment); the core must not import it, in a fresh interpreter.
+    code = (
+        "import sys, programlogic, programlogic.contexts;"
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('programlogic.contexts.tff', 'tensorflow_federated'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

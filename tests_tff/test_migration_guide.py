@@ -1,0 +1,43 @@
+"""docs/migrating_from_tff.md maps every public name of tff.program and tff.learning.programs."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import tensorflow_federated as tff
+
+pytestmark = pytest.mark.anyio
+
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "migrating_from_tff.md"
+
+
+def public_names(module: object) -> set[str]:
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+
+
+def first_column_names(section: str) -> set[str]:
+    """The code names in the first cell of each table row of ``section``."""
+    names: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            first_cell = line.split("|")[1]
+            names.update(re.findall(r"`([A-Za-z_]+)", first_cell))
+    return names
+
+
+@pytest.mark.parametrize(
+    ("heading", "module"),
+    [("### `tff.program`", tff.program), ("### `tff.learning.programs`", tff.learning.programs)],
+)
+async def test_every_public_name_has_a_row(heading: str, module: object) -> None:
+    text = GUIDE.read_text()
+    section = text.split(heading, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    missing = public_names(module) - first_column_names(section)
+    assert not missing, f"{heading} lacks rows for {sorted(missing)}"
