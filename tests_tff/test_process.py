@@ -4,8 +4,11 @@ client data from our data sources, and clear errors for what does not fit.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 from conftest import CLASSES, FEATURES, to_dataset
 
@@ -152,3 +155,21 @@ async def test_to_plain_and_from_plain_follow_the_tff_type() -> None:
         from_plain({"a": 1, "b": [1.0]}, type_spec)
     with pytest.raises(TypeError, match=r"at /a: expected a int64 tensor, got list"):
         from_plain({"a": [1], "b": [1.0, [1, 2]]}, type_spec)
+
+
+async def test_a_process_composed_with_a_dataset_computation_takes_client_ids(fedavg) -> None:
+    @tff.tensorflow.computation(np.str_)
+    def dataset_of(client_id):
+        seed = tf.strings.to_hash_bucket_fast(client_id, 1000)
+        x = tf.random.stateless_normal([20, FEATURES], seed=[seed, 0])
+        y = tf.random.stateless_uniform([20], seed=[seed, 1], maxval=CLASSES, dtype=tf.int32)
+        return tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y)).batch(8)
+
+    composed = tff.simulation.compose_dataset_computation_with_learning_process(dataset_of, fedavg)
+    process = TFFLearningProcess(composed)
+    source = InMemoryDataSource({f"client_{i}": f"client_{i}" for i in range(6)})
+    async with TFFContext():
+        state = await process.initialize()
+        output = await process.next(state, source.iterator(0).select(3, 1))
+    assert output.metrics["client_work"]["train"]["num_examples"] == 60
+    assert dumps(output.state["finalizer"]) != dumps(state["finalizer"])

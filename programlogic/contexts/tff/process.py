@@ -17,8 +17,8 @@ from programlogic.process import LearningProcessOutput
 
 __all__ = ["TFFLearningProcess", "build_tff_evaluation"]
 
-ClientDataFn = Callable[[Any], tf.data.Dataset]
-"""Turns what a client handle loads into the ``tf.data.Dataset`` the TFF process takes."""
+ClientDataFn = Callable[[Any], Any]
+"""Turns what a client handle loads into what the TFF process takes (a ``tf.data.Dataset``)."""
 
 
 class TFFLearningProcess:
@@ -35,7 +35,10 @@ class TFFLearningProcess:
     - ``next(state, clients)``: each client's data is loaded on the context's thread,
       turned into a ``tf.data.Dataset`` by ``client_data_fn`` (by default the loaded
       data must already be one), and the TFF process runs its round on the clients in
-      the order given. The metrics come back as nested dicts named as TFF names them
+      the order given. A process whose clients take other values than datasets (one
+      made by ``tff.simulation.compose_dataset_computation_with_learning_process``
+      takes client ids) gets the loaded data as it is, or through ``client_data_fn``.
+      The metrics come back as nested dicts named as TFF names them
       (``client_work/train/loss``), with numpy scalars as leaves.
     - ``get_model_weights(state)``: ``{"trainable": [...], "non_trainable": [...]}``;
       ``set_model_weights`` takes that form (or TFF's ``ModelWeights``).
@@ -64,7 +67,9 @@ class TFFLearningProcess:
         self._client_data_fn = client_data_fn
         self._state_type = tff_process.initialize.type_signature.result
         next_type = tff_process.next.type_signature
-        self._client_data_type = next_type.parameter[1]
+        client_data_type = next_type.parameter[1]
+        member = getattr(client_data_type, "member", client_data_type)
+        self._takes_datasets = isinstance(member, tff.SequenceType)
         self._metrics_type = next_type.result.metrics
         self._weights_type = tff_process.get_model_weights.type_signature.result
 
@@ -97,8 +102,8 @@ class TFFLearningProcess:
 
     def _next(self, state: Any, clients: list[ClientHandle]) -> LearningProcessOutput:
         tff_state = self.to_tff_state(state)
-        datasets = [self._dataset(client) for client in clients]
-        output = self.tff_process.next(tff_state, datasets)
+        client_data = [self._client_data(client) for client in clients]
+        output = self.tff_process.next(tff_state, client_data)
         return LearningProcessOutput(
             state=self.from_tff_state(output.state),
             metrics=to_plain(output.metrics, self._metrics_type),
@@ -115,12 +120,12 @@ class TFFLearningProcess:
             self.tff_process.set_model_weights(self.to_tff_state(state), weights)
         )
 
-    def _dataset(self, client: ClientHandle) -> tf.data.Dataset:
+    def _client_data(self, client: ClientHandle) -> Any:
         try:
             data = client.load()
             if self._client_data_fn is not None:
                 data = self._client_data_fn(data)
-            if not isinstance(data, tf.data.Dataset):
+            if self._takes_datasets and not isinstance(data, tf.data.Dataset):
                 raise TypeError(
                     "client data must be a tf.data.Dataset (give TFFLearningProcess a "
                     f"client_data_fn to make one), got {type(data).__name__}"
