@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import os
-import struct
 import warnings
 
 import numpy as np
@@ -119,47 +118,3 @@ def datasets(arrays) -> dict[str, tf.data.Dataset]:
 def data_source(datasets) -> InMemoryDataSource:
     """Our data source whose clients load their ``tf.data.Dataset``."""
     return InMemoryDataSource(datasets)
-
-
-class SampledDatasetSource(tff.program.FederatedDataSource):
-    """A TFF data source that picks, for its n-th select, our sampler's clients of round n."""
-
-    def __init__(self, source: InMemoryDataSource, datasets: dict[str, tf.data.Dataset], seed: int):
-        self._source, self._datasets, self._seed = source, datasets, seed
-
-    @property
-    def federated_type(self) -> tff.FederatedType:
-        return tff.FederatedType(tff.SequenceType(ELEMENT_SPEC), tff.CLIENTS)
-
-    def iterator(self) -> SampledDatasetIterator:
-        return SampledDatasetIterator(self, 0)
-
-
-class SampledDatasetIterator(tff.program.FederatedDataSourceIterator):
-    """The iterator of :class:`SampledDatasetSource`; it counts the rounds it selected."""
-
-    def __init__(self, source: SampledDatasetSource, rounds: int) -> None:
-        self._source, self._rounds = source, rounds
-
-    @property
-    def federated_type(self) -> tff.FederatedType:
-        return self._source.federated_type
-
-    def select(self, k: int | None = None) -> list[tf.data.Dataset]:
-        self._rounds += 1
-        sampler = self._source._source.iterator(self._source._seed)
-        clients = sampler.select(k, self._rounds)
-        return [self._source._datasets[client.client_id] for client in clients]
-
-    def __deepcopy__(self, memo: dict) -> SampledDatasetIterator:
-        return SampledDatasetIterator(self._source, self._rounds)  # the source is shared
-
-    def to_bytes(self) -> bytes:
-        return struct.pack("<q", self._rounds)
-
-    @classmethod
-    def from_bytes(cls, buffer: bytes) -> SampledDatasetIterator:
-        raise NotImplementedError("the reference runs of these tests never resume")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SampledDatasetIterator) and other._rounds == self._rounds

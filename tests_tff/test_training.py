@@ -17,12 +17,18 @@ import anyio
 import numpy as np
 import pytest
 import tensorflow_federated as tff
-from conftest import PER_ROUND, SEED, SampledDatasetSource
+from conftest import PER_ROUND, SEED
 
 from managers import FileProgramStateManager, MemoryReleaseManager, ReleaseManager
 from managers.serialization import dumps
 from programlogic import InMemoryDataSource, StopReason, train_model
-from programlogic.contexts.tff import TFFContext, TFFLearningProcess, to_plain
+from programlogic.contexts.tff import (
+    FederatedDataSourceForTFF,
+    TFFContext,
+    TFFLearningProcess,
+    client_dataset_type,
+    to_plain,
+)
 from programlogic.contexts.tff.context import _stop_runtime
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +64,11 @@ async def ours(process, data_source, root, rounds=ROUNDS, metrics=None, models=N
 @pytest.fixture(scope="module")
 def tff_reference(fedavg, datasets):
     """TFF's own train_model, TFF's file state manager and memory release managers."""
-    source = SampledDatasetSource(InMemoryDataSource(datasets), datasets, SEED)
+    source = FederatedDataSourceForTFF(
+        InMemoryDataSource(datasets),
+        client_dataset_type(next(iter(datasets.values()))),
+        seed=SEED,
+    )
     metrics, models = tff.program.MemoryReleaseManager(), tff.program.MemoryReleaseManager()
     with tempfile.TemporaryDirectory() as root:
 
