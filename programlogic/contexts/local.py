@@ -6,7 +6,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from programlogic.context import ClientFn, FederatedContext, GroupFn
+from programlogic.context import ClientFn, GroupFn
+from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts._units import check_group_size, compute_unit, split_units
 from programlogic.tasks import task_group
@@ -17,10 +18,9 @@ if TYPE_CHECKING:
 __all__ = ["LocalContext"]
 
 T = TypeVar("T")
-A = TypeVar("A")
 
 
-class LocalContext(FederatedContext):
+class LocalContext(StreamingContext):
     """Runs client work and server-side steps on worker threads of this process.
 
     The context starts ``max_workers`` threads of its own when entered (default: the
@@ -60,37 +60,6 @@ class LocalContext(FederatedContext):
 
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
         return await self._require_workers().run(fn, *args)
-
-    async def map_clients(
-        self,
-        fn: ClientFn | GroupFn,
-        broadcast: Any,
-        clients: Sequence[ClientHandle],
-        *,
-        group_size: int | None = None,
-    ) -> list[Any]:
-        results: list[Any] = []
-        await self._stream(fn, broadcast, clients, group_size, results.append)
-        return results
-
-    async def aggregate_clients(
-        self,
-        fn: ClientFn | GroupFn,
-        broadcast: Any,
-        clients: Sequence[ClientHandle],
-        accumulate: Callable[[A, Any], A],
-        initial: A,
-        *,
-        group_size: int | None = None,
-    ) -> A:
-        total = initial
-
-        def consume(result: Any) -> None:
-            nonlocal total
-            total = accumulate(total, result)
-
-        await self._stream(fn, broadcast, clients, group_size, consume)
-        return total
 
     def _require_workers(self) -> WorkerThreads:
         if self._workers is None:

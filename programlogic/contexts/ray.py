@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import sniffio
 
-from programlogic.context import ClientFn, FederatedContext, GroupFn, report_dropped_clients
+from programlogic.context import ClientFn, GroupFn, report_dropped_clients
+from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts._units import check_group_size, compute_unit, split_units
 from programlogic.data import TableLoader
@@ -51,7 +52,6 @@ __all__ = ["RayContext"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-A = TypeVar("A")
 
 _CACHED_FUNCTIONS = 16
 """How many client functions a context (and each actor) keeps shipped; the oldest go first."""
@@ -154,7 +154,7 @@ async def _await_ref(ref: Any) -> Any:
     return future.result()
 
 
-class RayContext(FederatedContext):
+class RayContext(StreamingContext):
     """Runs client work on a pool of Ray actors; server-side steps in this process.
 
     - ``address``: the cluster to connect to (``"10.0.0.1:6379"``, or ``"auto"``: the
@@ -368,37 +368,6 @@ class RayContext(FederatedContext):
         if self._steps is None:
             raise RuntimeError("RayContext is not entered: use `async with RayContext():`")
         return await self._steps.run(fn, *args)
-
-    async def map_clients(
-        self,
-        fn: ClientFn | GroupFn,
-        broadcast: Any,
-        clients: Sequence[ClientHandle],
-        *,
-        group_size: int | None = None,
-    ) -> list[Any]:
-        results: list[Any] = []
-        await self._stream(fn, broadcast, clients, group_size, results.append)
-        return results
-
-    async def aggregate_clients(
-        self,
-        fn: ClientFn | GroupFn,
-        broadcast: Any,
-        clients: Sequence[ClientHandle],
-        accumulate: Callable[[A, Any], A],
-        initial: A,
-        *,
-        group_size: int | None = None,
-    ) -> A:
-        total = initial
-
-        def consume(result: Any) -> None:
-            nonlocal total
-            total = accumulate(total, result)
-
-        await self._stream(fn, broadcast, clients, group_size, consume)
-        return total
 
     def _require_ray_thread(self) -> WorkerThreads:
         if self._ray_thread is None:
