@@ -41,7 +41,6 @@ import functools
 import itertools
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import anyio
 import numpy as np
+from _anchor_process import run_anchor_process
 
 from managers import (
     CSVFileReleaseManager,
@@ -118,21 +118,7 @@ def run_tff(python: str, npz: Path, rounds: int) -> dict[str, Any]:
         str(rounds),
         "--no-shuffle",
     ]
-    # TFF starts a worker_binary that outlives the anchor and keeps its stdout open:
-    # the anchor runs in a session of its own, its output goes to files, and whatever
-    # of its process group is left when it exits is ended.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        anchor = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
-        try:
-            returncode = anchor.wait()
-        finally:
-            try:
-                os.killpg(anchor.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass  # nothing was left
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
+    returncode, stdout, stderr = run_anchor_process(command)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if returncode != 0 or not lines:
         sys.exit(f"fedavg_vs_tff: {' '.join(command)} failed ({returncode}):\n{stderr[-2000:]}")
@@ -412,8 +398,11 @@ def main() -> None:
         "--repeats", type=positive, default=3, help="runs of ours, each bare then train_model"
     )
     arguments = parser.parse_args()
-    if arguments.rounds is not None and arguments.rounds < 2:
-        parser.error("--rounds must be at least 2: the first round is left out of the medians")
+    if arguments.rounds is not None and arguments.rounds <= WARM_ROUNDS:
+        parser.error(
+            f"--rounds must be at least {WARM_ROUNDS + 1}: the first {WARM_ROUNDS} rounds "
+            "are left out of the overhead"
+        )
     python = None if arguments.skip_tff else tff_python()
     rows = []
     for count in arguments.clients:

@@ -33,9 +33,7 @@ import collections
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +48,8 @@ with warnings.catch_warnings():  # TensorFlow and TFF warn about their own depen
     import numpy as np
     import tensorflow as tf
     import tensorflow_federated as tff
+
+from _anchor_process import run_anchor_process
 
 import programlogic
 from managers import (
@@ -115,20 +115,7 @@ def run_anchor(rounds: int, clients: int) -> dict[str, Any]:
     if not ANCHOR.exists():
         sys.exit(f"tff_program_logic: {ANCHOR} is missing (shared/ must sit beside the repo)")
     command = [sys.executable, str(ANCHOR), str(rounds), str(clients)]
-    # TFF's worker_binary outlives the anchor: run it in a session of its own, end
-    # what is left of that session when it exits.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        anchor = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
-        try:
-            returncode = anchor.wait()
-        finally:
-            try:
-                os.killpg(anchor.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass  # nothing was left
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
+    returncode, stdout, stderr = run_anchor_process(command)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if returncode != 0 or not lines:
         sys.exit(f"tff_program_logic: {' '.join(command)} failed ({returncode}):\n{stderr[-2000:]}")
