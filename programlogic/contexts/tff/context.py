@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import tensorflow_federated as tff
 
-from programlogic.context import ClientFn, FederatedContext, GroupFn
+from programlogic.context import ClientFn, GroupFn
+from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts.local import LocalContext
 
 if TYPE_CHECKING:
@@ -23,12 +24,11 @@ __all__ = ["TFFContext"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-A = TypeVar("A")
 
 _STOP_TIMEOUT_S = 10.0
 
 
-class TFFContext(FederatedContext):
+class TFFContext(StreamingContext):
     """Runs TFF computations on TFF's C++ runtime, on a thread of its own.
 
     Entering the context starts one worker thread and makes a new TFF synchronous
@@ -96,31 +96,15 @@ class TFFContext(FederatedContext):
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
         return await self._require_thread().run(fn, *args)
 
-    async def map_clients(
+    async def _stream(
         self,
         fn: ClientFn | GroupFn,
         broadcast: Any,
         clients: Sequence[ClientHandle],
-        *,
-        group_size: int | None = None,
-    ) -> list[Any]:
-        return await self._require_thread().map_clients(
-            fn, broadcast, clients, group_size=group_size
-        )
-
-    async def aggregate_clients(
-        self,
-        fn: ClientFn | GroupFn,
-        broadcast: Any,
-        clients: Sequence[ClientHandle],
-        accumulate: Callable[[A, Any], A],
-        initial: A,
-        *,
-        group_size: int | None = None,
-    ) -> A:
-        return await self._require_thread().aggregate_clients(
-            fn, broadcast, clients, accumulate, initial, group_size=group_size
-        )
+        group_size: int | None,
+        consume: Callable[[Any], None],
+    ) -> None:
+        await self._require_thread()._stream(fn, broadcast, clients, group_size, consume)
 
     def _require_thread(self) -> LocalContext:
         if self._thread is None:
