@@ -39,6 +39,7 @@ __all__ = [
     "is_container",
     "join_path",
     "leaves",
+    "map_children",
     "map_structure",
     "map_with_paths",
     "reshape",
@@ -129,6 +130,41 @@ def map_structure(fn: Callable[[Any], Any], structure: Any) -> Any:
     return unflatten(structure, [fn(leaf) for leaf in leaves(structure)])
 
 
+def map_children(fn: Callable[[Any], Any], container: Any) -> Any:
+    """``container`` rebuilt with its own type, each child replaced by ``fn(child)``.
+
+    One level only: ``fn`` receives child containers as they are and decides whether to
+    go deeper. Children are visited in container order (dict insertion order, dataclass
+    fields in declaration order). Dicts keep their
+    type and settings (:func:`dict_like`), NamedTuples and tuple subclasses their class;
+    dataclasses are rebuilt through their constructor (``dataclasses.replace``), and
+    fields outside ``__init__`` are set to ``fn(field)`` afterwards.
+
+    Raises:
+        TypeError: ``container`` is not a container (see :func:`is_container`).
+    """
+    if isinstance(container, dict):
+        return dict_like(container, {key: fn(child) for key, child in container.items()})
+    if isinstance(container, list):
+        return [fn(child) for child in container]
+    if isinstance(container, tuple):
+        items = [fn(child) for child in container]
+        if hasattr(container, "_fields"):
+            return type(container)(*items)
+        return tuple(items) if type(container) is tuple else type(container)(items)
+    if _is_dataclass_instance(container):
+        fields = dataclasses.fields(container)
+        values = {field.name: fn(getattr(container, field.name)) for field in fields}
+        rebuilt = dataclasses.replace(
+            container, **{field.name: values[field.name] for field in fields if field.init}
+        )
+        for field in fields:
+            if not field.init:
+                object.__setattr__(rebuilt, field.name, values[field.name])
+        return rebuilt
+    raise TypeError(f"map_children needs a container, got {type(container).__name__}")
+
+
 def map_with_paths(fn: Callable[[str, Any], Any], structure: Any) -> Any:
     """``structure`` with every leaf replaced by ``fn(path, leaf)``."""
     return unflatten(structure, [fn(path, leaf) for path, leaf in flatten(structure)])
@@ -174,26 +210,6 @@ def _walk(node: Any, path: str, found: list[tuple[str, Any]]) -> None:
 
 
 def _rebuild(template: Any, iterator: Iterator[Any]) -> Any:
-    if isinstance(template, dict):
-        return dict_like(
-            template, {key: _rebuild(child, iterator) for key, child in template.items()}
-        )
-    if isinstance(template, list):
-        return [_rebuild(child, iterator) for child in template]
-    if isinstance(template, tuple):
-        items = [_rebuild(child, iterator) for child in template]
-        if hasattr(template, "_fields"):
-            return type(template)(*items)
-        return tuple(items) if type(template) is tuple else type(template)(items)
-    if _is_dataclass_instance(template):
-        values = {
-            field.name: _rebuild(getattr(template, field.name), iterator)
-            for field in dataclasses.fields(template)
-        }
-        init_values = {f.name: values[f.name] for f in dataclasses.fields(template) if f.init}
-        rebuilt = dataclasses.replace(template, **init_values)
-        for field in dataclasses.fields(template):
-            if not field.init:
-                object.__setattr__(rebuilt, field.name, values[field.name])
-        return rebuilt
+    if is_container(template):
+        return map_children(lambda child: _rebuild(child, iterator), template)
     return next(iterator)

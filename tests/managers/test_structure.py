@@ -15,6 +15,7 @@ from managers.structure import (
     is_container,
     join_path,
     leaves,
+    map_children,
     map_structure,
     map_with_paths,
     unflatten,
@@ -315,3 +316,35 @@ async def test_dict_subclasses_keep_their_type_and_settings():
     assert mapped["missing"] == 0
     ordered = unflatten(OrderedDict(b=0, a=0), [1, 2])
     assert type(ordered) is OrderedDict and list(ordered.items()) == [("b", 1), ("a", 2)]
+
+
+async def test_map_children_maps_one_level_and_keeps_container_types():
+    inner = {"b": [1, 2]}
+    mapped = map_children(lambda child: ("seen", child), OrderedDict(a=1, inner=inner))
+    assert type(mapped) is OrderedDict
+    assert mapped == OrderedDict(a=("seen", 1), inner=("seen", inner))
+    assert mapped["inner"][1] is inner  # child containers are handed over as they are
+    point = map_children(str, Point(1.0, 2.0))
+    assert type(point) is Point and point == Point("1.0", "2.0")
+    assert map_children(len, [[1], (2, 3), ()]) == [1, 2, 0]
+    assert map_children(len, ([1], (2, 3))) == (1, 2)
+
+
+async def test_map_children_rebuilds_dataclasses_init_false_fields_included():
+    visited = []
+
+    def shift(value):
+        visited.append(value)
+        return value + 100
+
+    rebuilt = map_children(shift, WithDerived(1, 2))
+    assert visited == [1, 2, 3]  # declaration order, the derived field too
+    # The derived field takes fn's value (103), not the one __post_init__ computes (203).
+    assert (rebuilt.a, rebuilt.b, rebuilt.total) == (101, 102, 103)
+    frozen = map_children(shift, FrozenWithDerived(5))
+    assert (frozen.a, frozen.doubled) == (105, 110)
+
+
+async def test_map_children_of_a_leaf_is_a_type_error():
+    with pytest.raises(TypeError, match="map_children needs a container, got int"):
+        map_children(str, 3)

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow_federated as tff
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
-from managers.structure import dict_like, is_container
+from managers.structure import is_container, map_children
 from managers.values import materialize
 
 __all__ = [
@@ -165,7 +165,7 @@ def to_tff_structure(value: Any) -> Any:
             for field in dataclasses.fields(value)
         }
     if is_container(value):
-        return _map_children(to_tff_structure, value)
+        return map_children(to_tff_structure, value)
     return _to_numpy(value)
 
 
@@ -201,29 +201,10 @@ def from_tff_structure(value: Any, *, keep_references: bool = False) -> Any:
             }
         return [from_tff_structure(item, keep_references=keep_references) for _, item in items]
     if is_container(value):
-        return _map_children(
+        return map_children(
             lambda child: from_tff_structure(child, keep_references=keep_references), value
         )
     return _to_numpy(value)
-
-
-def _map_children(function: Any, container: Any) -> Any:
-    """``container`` rebuilt with ``function`` applied to each child (one level)."""
-    if isinstance(container, dict):
-        return dict_like(container, {key: function(child) for key, child in container.items()})
-    if isinstance(container, list):
-        return [function(child) for child in container]
-    if isinstance(container, tuple):
-        items = [function(child) for child in container]
-        if hasattr(container, "_fields"):
-            return type(container)(*items)
-        return tuple(items) if type(container) is tuple else type(container)(items)
-    changes = {
-        field.name: function(getattr(container, field.name))
-        for field in dataclasses.fields(container)
-        if field.init
-    }
-    return dataclasses.replace(container, **changes)
 
 
 def _to_numpy(leaf: Any) -> Any:
