@@ -18,7 +18,8 @@ from __future__ import annotations
 import collections
 import functools
 import json
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import tensorflow as tf
@@ -88,7 +89,7 @@ def _handles(source: Any, load: Callable[[str], Any] | None) -> tuple[list[Clien
         datasets = list(source._datasets)  # TFF 0.87 keeps them here; it is the last release
         width = len(str(len(datasets) - 1))
         handles = [
-            ClientHandle(f"{index:0{width}d}", functools.partial(_item, datasets, index))
+            ClientHandle(f"{index:0{width}d}", functools.partial(operator.getitem, datasets, index))
             for index in range(len(datasets))
         ]
         return handles, source.federated_type
@@ -110,10 +111,6 @@ def _handles(source: Any, load: Callable[[str], Any] | None) -> tuple[list[Clien
         f"{type(source).__name__}; other sources cannot be listed client by client: put "
         "their clients in programlogic.InMemoryDataSource"
     )
-
-
-def _item(items: Sequence[Any], index: int) -> Any:
-    return items[index]
 
 
 def _identity(client_id: str) -> str:
