@@ -1,0 +1,22 @@
+"""Contract suites: the promises of every abstract base, as tests users can run.
+
+Each suite is a class whose tests are named after the promise they check. To hold your
+own implementation to the same promises as the library's, subclass the suite in a test
+file of yours, name the subclass ``Test...`` so that pytest collects it, and override
+its factory fixture::
+
+    from programlogic.testing.contracts import ReleaseManagerContract
+
+    class TestMySink(ReleaseManagerContract):
+        @pytest.fixture
+        def subject(self, tmp_path):
+            ...
+
+Every test runs under asyncio and trio (``pip install 'programlogic[testing]'`` brings
+pytest and trio; anyio's pytest plugin runs the coroutines). The library's own
+implementations are the suites' first users: see ``tests/contracts/``.
+"""
+
+from programlogic.testing.contracts._base import Contract
+
+__all__ = ["Contract"]
