@@ -287,7 +287,6 @@ class _Program:
             "round": round_num,
             "metrics": metrics,
             "evaluation": {"due": due, "last_time": last_evaluation},
-            "stopped": False,
             "stop_reason": None,
             **self.config,
         }
@@ -325,7 +324,7 @@ class _Program:
         logger.info(
             "the stopping policy stopped training at round %d: %s", checkpoint["round"], reason
         )
-        checkpoint["stopped"], checkpoint["stop_reason"] = True, str(reason)
+        checkpoint["stop_reason"] = str(reason)
         evaluation = checkpoint["evaluation"]
         if self.evaluation_manager is not None and not evaluation["due"]:
             evaluation["due"], evaluation["last_time"] = True, int(self.clock.now().timestamp())
@@ -412,7 +411,7 @@ class _Program:
 
 def _saved_stop_reason(checkpoint: dict[str, Any]) -> str | None:
     """The stop reason a saved checkpoint holds; checkpoints written before stop reasons
-    existed hold only ``stopped``."""
+    existed hold ``stopped`` instead."""
     if checkpoint.get("stop_reason") is not None:
         return str(checkpoint["stop_reason"])
     return str(StopReason.EARLY_STOPPED) if checkpoint.get("stopped") else None

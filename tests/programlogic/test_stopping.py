@@ -251,7 +251,7 @@ async def test_the_waiting_mode_stops_at_the_round_whose_evaluation_triggered_it
     assert program.evaluated_rounds() == [0, 1, 2, 3, 4]
     # The final model is round 4's, the one whose evaluation (loss 8.7) decided.
     saved = await program.training_state.load(4)
-    assert saved["stopped"] and saved["stop_reason"] == "early_stopped"
+    assert saved["stop_reason"] == "early_stopped"
     assert list(program.models.values()) == [final_model_key(4)]
     assert program.models.values()[final_model_key(4)] == saved["train_state"]["round"] == 4
     assert (await PatienceStopping("eval/loss", program.policy_state).results())[-1] == (4, 8.7)
@@ -345,6 +345,18 @@ async def test_a_policy_reason_survives_a_crash_and_a_rerun() -> None:
     assert rerun.stop_reason == "privacy_budget_exhausted" and rerun.round_num == 3
     assert rerun.resumed_from == 3
     assert program.trained_rounds() == [1, 2, 3]
+
+
+async def test_a_checkpoint_from_before_stop_reasons_reads_as_early_stopped() -> None:
+    program = Program(lambda state: Budget(3))
+    await program.run()
+    saved = await program.training_state.load(3)
+    del saved["stop_reason"]
+    saved["stopped"] = True
+    await program.training_state.remove(3)
+    await program.training_state.save(saved, 3)
+    result = await program.run(use_policy=False)
+    assert result.stop_reason is StopReason.EARLY_STOPPED and result.round_num == 3
 
 
 async def test_a_budget_of_no_rounds_trains_nothing_and_releases_the_initial_model() -> None:
