@@ -36,17 +36,24 @@ from programlogic.exceptions import (
 )
 from programlogic.process import LearningProcess, LearningProcessOutput, as_async
 from programlogic.runner import run
-from programlogic.stopping import PatienceStopping, SpeechTrainerStopping, StoppingPolicy
+from programlogic.stopping import (
+    AnyOf,
+    MetricStoppingPolicy,
+    PatienceStopping,
+    SpeechTrainerStopping,
+    StoppingPolicy,
+    StopReason,
+)
 from programlogic.tasks import TaskTracker, TrackedTask
 from programlogic.training import (
     EvaluationManagerProtocol,
-    StopReason,
     TrainingResult,
     final_model_key,
     train_model,
 )
 
 __all__ = [
+    "AnyOf",
     "ClientError",
     "ClientHandle",
     "ClientSampler",
@@ -63,6 +70,7 @@ __all__ = [
     "LearningProcess",
     "LearningProcessOutput",
     "LocalContext",
+    "MetricStoppingPolicy",
     "NoFederatedContextError",
     "NotEnoughClientsError",
     "PatienceStopping",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
 import logging
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,7 +18,7 @@ from programlogic.context import get_context
 from programlogic.data import FederatedDataSource
 from programlogic.exceptions import ResumeError
 from programlogic.process import LearningProcess, as_async
-from programlogic.stopping import StoppingPolicy
+from programlogic.stopping import StoppingPolicy, StopReason
 from programlogic.tasks import task_group
 
 __all__ = [
@@ -52,23 +51,13 @@ class EvaluationManagerProtocol(Protocol):
         ...
 
 
-class StopReason(enum.StrEnum):
-    """Why ``train_model`` returned."""
-
-    COMPLETED = "completed"
-    """This run trained up to ``train_total_rounds``."""
-    ALREADY_COMPLETED = "already_completed"
-    """The program state already held the last round; nothing was trained."""
-    EARLY_STOPPED = "early_stopped"
-    """The stopping policy stopped training before ``train_total_rounds``."""
-
-
 @dataclasses.dataclass(frozen=True)
 class TrainingResult:
     """What ``train_model`` returns.
 
     ``state``: the train state after the last round; ``round_num``: that round;
-    ``stop_reason``: why training stopped; ``resumed_from``: the round loaded from
+    ``stop_reason``: why training stopped (a stopping policy's own reason when one
+    stopped it, also on a rerun of a stopped run); ``resumed_from``: the round loaded from
     the program state manager, or ``None`` when the run started fresh.
     """
 
@@ -78,9 +67,13 @@ class TrainingResult:
     resumed_from: int | None
 
 
-def final_model_key(total_rounds: int) -> str:
-    """The key under which ``train_model`` releases the final model weights."""
-    return f"final_training_checkpoint_round_{total_rounds}"
+def final_model_key(round_num: int) -> str:
+    """The key of the final model weights ``train_model`` releases: those of round ``round_num``.
+
+    ``round_num`` is the last round trained: ``train_total_rounds``, or the round a
+    stopping policy made the last (``TrainingResult.round_num``).
+    """
+    return f"final_training_checkpoint_round_{round_num}"
 
 
 async def train_model(
@@ -118,17 +111,19 @@ async def train_model(
 
     Steps 3-5 of a round overlap step 2 of the next round, but at most one save is in
     flight and a round's releases follow its save. The initial state is saved as
-    version 0 before round 1 starts. After the last round, the final model weights are
-    released to ``model_output_manager`` with key :func:`final_model_key`, and
+    version 0 before round 1 starts. After the last round ``n``, the final model weights
+    are released to ``model_output_manager`` with key ``final_model_key(n)``, and
     ``train_model`` waits for the evaluations to finish.
 
-    Early stopping: with a ``stopping`` policy (:mod:`programlogic.stopping`), after
-    each round's ``next`` the policy is asked whether to stop; if so, that round is the
-    last: it is saved (marked as stopped, so a rerun does not train on), evaluated,
-    and its model released as the final one. With
-    ``stopping_waits_for_evaluations=True``, every evaluation started before the round
-    finishes before the policy is asked, which makes the stop round reproducible
-    across restarts at the price of the overlap between evaluation and training.
+    Early stopping: a ``stopping`` policy (:class:`~programlogic.stopping.StoppingPolicy`)
+    is asked ``before_round(r + 1)`` once round ``r`` is trained, and
+    ``after_evaluation(r)``: with ``stopping_waits_for_evaluations=True``, once round
+    ``r``'s own evaluation has finished, for evaluated rounds only (the evaluation
+    starts before step 3, and round ``r + 1`` waits for the decision); otherwise right
+    after step 2 of every round, on the results that have arrived. Both are asked
+    before step 3. When the policy stops, round ``r`` is the last: it is saved marked
+    stopped with the policy's reason, evaluated, its model released as the final one,
+    and the result's ``stop_reason`` is that reason, on a rerun too.
 
     Resuming: the newest version of ``program_state_manager`` is loaded; its round's
     metrics are released again and its evaluation started again (releases are
@@ -174,6 +169,8 @@ async def train_model(
         periodicity=periodicity,
         total_rounds=train_total_rounds,
         clock=clock or SystemClock(),
+        stopping=stopping,
+        stopping_waits=stopping_waits_for_evaluations,
         config={
             "sampler": iterator.describe(),
             "per_round_clients": train_per_round_clients,
@@ -191,6 +188,7 @@ async def train_model(
         if loaded is None:
             logger.info("starting training from the initial state")
             checkpoint = program.checkpoint(initial_state, 0, None, last_evaluation=None)
+            await program.ask_before_round(checkpoint)
             await program.persist(checkpoint)
             state, first_round = initial_state, 1
         else:
@@ -198,10 +196,11 @@ async def train_model(
             logger.info("resuming training after round %d", loaded_round)
             checkpoint = loaded
             state, first_round = loaded["train_state"], loaded_round + 1
+            checkpoint["stop_reason"] = _saved_stop_reason(checkpoint)
+            await program.ask_before_round(checkpoint)  # not saved again: its version exists
             await program.release_round(checkpoint)
             program.persisted_round = loaded_round
         last_evaluation = checkpoint["evaluation"]["last_time"]
-        stopped = bool(checkpoint.get("stopped"))
         last_round = checkpoint["round"]
 
         # The persister saves and releases one round while the loop computes the next;
@@ -211,7 +210,7 @@ async def train_model(
         group.start_soon(program.persist_each, receive, name="persist rounds")
         async with send:
             for round_num in range(first_round, train_total_rounds + 1):
-                if stopped:
+                if checkpoint["stop_reason"] is not None:
                     break
                 clients = iterator.select(train_per_round_clients, round_num)
                 output = await next_round(state, clients)
@@ -221,17 +220,9 @@ async def train_model(
                         f"metrics), got {type(output).__name__}"
                     )
                 state, last_round = output.state, round_num
-                if stopping is not None:
-                    if stopping_waits_for_evaluations:
-                        await program.wait_until_persisted(round_num - 1)
-                        if evaluation_manager is not None:
-                            await evaluation_manager.wait_for_evaluations_to_finish()
-                    stopped = await stopping.should_stop()
-                    if stopped:
-                        logger.info("the stopping policy stopped training at round %d", round_num)
-                checkpoint = program.checkpoint(
-                    state, round_num, output.metrics, last_evaluation, stopped=stopped
-                )
+                checkpoint = program.checkpoint(state, round_num, output.metrics, last_evaluation)
+                await program.ask_after_evaluation(checkpoint)
+                await program.ask_before_round(checkpoint)
                 last_evaluation = checkpoint["evaluation"]["last_time"]
                 await send.send(checkpoint)
         await program.wait_until_persisted(last_round)
@@ -241,8 +232,8 @@ async def train_model(
 
     if evaluation_manager is not None:
         await evaluation_manager.wait_for_evaluations_to_finish()
-    if stopped:
-        reason = StopReason.EARLY_STOPPED
+    if checkpoint["stop_reason"] is not None:
+        reason = StopReason(checkpoint["stop_reason"])
     elif first_round > train_total_rounds:
         reason = StopReason.ALREADY_COMPLETED
     else:
@@ -263,6 +254,8 @@ class _Program:
     periodicity: int | datetime.timedelta
     total_rounds: int
     clock: Clock
+    stopping: StoppingPolicy | None
+    stopping_waits: bool
     config: dict[str, Any]
     persisted_round: int = -1
     progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
@@ -273,14 +266,12 @@ class _Program:
         round_num: int,
         metrics: Any,
         last_evaluation: int | None,
-        *,
-        stopped: bool = False,
     ) -> dict[str, Any]:
         """The program state saved for ``round_num``; decides whether it is evaluated."""
         due = False
         if self.evaluation_manager is not None:
             now = int(self.clock.now().timestamp())
-            if round_num in (0, self.total_rounds) or stopped:
+            if round_num in (0, self.total_rounds):
                 due = True
             elif isinstance(self.periodicity, int):
                 due = round_num % self.periodicity == 0
@@ -296,9 +287,47 @@ class _Program:
             "round": round_num,
             "metrics": metrics,
             "evaluation": {"due": due, "last_time": last_evaluation},
-            "stopped": stopped,
+            "stop_reason": None,
             **self.config,
         }
+
+    async def ask_after_evaluation(self, checkpoint: dict[str, Any]) -> None:
+        """Ask the stopping policy whether the round of ``checkpoint``, not saved yet, is the
+        last; in the waiting mode, once that round's evaluation has finished."""
+        round_num = checkpoint["round"]
+        if self.stopping is None or round_num >= self.total_rounds:
+            return
+        if self.stopping_waits:
+            if not checkpoint["evaluation"]["due"] or self.evaluation_manager is None:
+                return
+            await self.start_evaluation(checkpoint)
+            await self.evaluation_manager.wait_for_evaluations_to_finish()
+        reason = await self.stopping.after_evaluation(round_num)
+        self.stop(checkpoint, _check_answer(reason, "after_evaluation"))
+
+    async def ask_before_round(self, checkpoint: dict[str, Any]) -> None:
+        """Ask the stopping policy whether the round after ``checkpoint``'s may start."""
+        round_num = checkpoint["round"]
+        if (
+            self.stopping is None
+            or checkpoint["stop_reason"] is not None
+            or round_num >= self.total_rounds
+        ):
+            return
+        reason = await self.stopping.before_round(round_num + 1)
+        self.stop(checkpoint, _check_answer(reason, "before_round"))
+
+    def stop(self, checkpoint: dict[str, Any], reason: StopReason | None) -> None:
+        """Make the round of ``checkpoint`` the last, for ``reason``; evaluate it."""
+        if reason is None:
+            return
+        logger.info(
+            "the stopping policy stopped training at round %d: %s", checkpoint["round"], reason
+        )
+        checkpoint["stop_reason"] = str(reason)
+        evaluation = checkpoint["evaluation"]
+        if self.evaluation_manager is not None and not evaluation["due"]:
+            evaluation["due"], evaluation["last_time"] = True, int(self.clock.now().timestamp())
 
     async def persist(self, checkpoint: dict[str, Any]) -> None:
         """Save ``checkpoint``, then make its releases."""
@@ -328,13 +357,18 @@ class _Program:
         round_num = checkpoint["round"]
         if round_num > 0 and self.metrics_manager is not None:
             await self.metrics_manager.release(checkpoint["metrics"], round_num)
-        evaluation = checkpoint["evaluation"]
-        if evaluation["due"] and self.evaluation_manager is not None:
-            get_weights = as_async(self.process.get_model_weights)
-            weights = await get_weights(checkpoint["train_state"])
-            await self.evaluation_manager.start_evaluation(
-                round_num, evaluation["last_time"], weights
-            )
+        if checkpoint["evaluation"]["due"]:
+            await self.start_evaluation(checkpoint)
+
+    async def start_evaluation(self, checkpoint: dict[str, Any]) -> None:
+        """Start evaluating the round of ``checkpoint``; a no-op if started before."""
+        if self.evaluation_manager is None:
+            return
+        get_weights = as_async(self.process.get_model_weights)
+        weights = await materialize(await get_weights(checkpoint["train_state"]))
+        await self.evaluation_manager.start_evaluation(
+            checkpoint["round"], checkpoint["evaluation"]["last_time"], weights
+        )
 
     def check_resumable(self, loaded: Any, loaded_round: int) -> None:
         """Raise ResumeError when ``loaded`` was written by another configuration."""
@@ -373,6 +407,26 @@ class _Program:
                 f"cannot resume from the program state of round {loaded_round}: it was "
                 f"written with {', '.join(differences)}"
             )
+
+
+def _saved_stop_reason(checkpoint: dict[str, Any]) -> str | None:
+    """The stop reason a saved checkpoint holds; checkpoints written before stop reasons
+    existed hold ``stopped`` instead."""
+    if checkpoint.get("stop_reason") is not None:
+        return str(checkpoint["stop_reason"])
+    return str(StopReason.EARLY_STOPPED) if checkpoint.get("stopped") else None
+
+
+def _check_answer(answer: object, hook: str) -> StopReason | None:
+    """A stopping policy's answer as a StopReason, or None to go on."""
+    if answer is None or isinstance(answer, StopReason):
+        return answer
+    if isinstance(answer, str) and answer:
+        return StopReason(answer)
+    raise TypeError(
+        f"the stopping policy's {hook} must return None or a StopReason, got "
+        f"{type(answer).__name__} {answer!r}"
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -429,9 +483,12 @@ def _check_arguments(**arguments: Any) -> int | datetime.timedelta:
             f"wait_for_evaluations_to_finish, got {type(evaluation_manager).__name__}"
         )
     stopping = arguments["stopping"]
-    if stopping is not None and not callable(getattr(stopping, "should_stop", None)):
+    if stopping is not None and not all(
+        callable(getattr(stopping, hook, None)) for hook in ("before_round", "after_evaluation")
+    ):
         raise TypeError(
-            f"stopping must be a StoppingPolicy (with should_stop()), got {type(stopping).__name__}"
+            "stopping must be a StoppingPolicy (with before_round and after_evaluation), got "
+            f"{type(stopping).__name__}"
         )
     if not isinstance(arguments["stopping_waits_for_evaluations"], bool):
         raise TypeError(

@@ -18,5 +18,6 @@ implementations are the suites' first users: see ``tests/contracts/``.
 """
 
 from programlogic.testing.contracts._base import Contract
+from programlogic.testing.contracts.stopping import StoppingPolicyContract
 
-__all__ = ["Contract"]
+__all__ = ["Contract", "StoppingPolicyContract"]
