@@ -18,5 +18,17 @@ implementations are the suites' first users: see ``tests/contracts/``.
 """
 
 from programlogic.testing.contracts._base import Contract
+from programlogic.testing.contracts.release import (
+    Capabilities,
+    ReleaseManagerContract,
+    ReleaseSubject,
+)
+from programlogic.testing.contracts.state import ProgramStateManagerContract
 
-__all__ = ["Contract"]
+__all__ = [
+    "Capabilities",
+    "Contract",
+    "ProgramStateManagerContract",
+    "ReleaseManagerContract",
+    "ReleaseSubject",
+]
