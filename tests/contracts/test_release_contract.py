@@ -29,6 +29,7 @@ from managers import (
     GroupingReleaseManager,
     JSONLinesReleaseManager,
     LoggingReleaseManager,
+    MemoryProgramStateManager,
     MemoryReleaseManager,
     ModelFileReleaseManager,
     PeriodicReleaseManager,
@@ -154,13 +155,19 @@ class TestPeriodicReleaseManagerEveryThirtyMinutes(ReleaseManagerContract):
     )
     async def test_the_cadence_survives_a_restart(self) -> None:
         memory, clock = MemoryReleaseManager(), FakeClock()
-        async with PeriodicReleaseManager(memory, timedelta(minutes=5), clock=clock) as first:
+        cadence = MemoryProgramStateManager(keep_total=1)
+
+        def periodic() -> PeriodicReleaseManager:
+            every = timedelta(minutes=5)
+            return PeriodicReleaseManager(memory, every, clock=clock, state_manager=cadence)
+
+        async with periodic() as first:
             await first.release({"loss": 1.0}, 1)
             clock.advance(timedelta(minutes=2))
-        async with PeriodicReleaseManager(memory, timedelta(minutes=5), clock=clock) as again:
-            await again.release({"loss": 2.0}, 2)  # 2 minutes after round 1: dropped
+        async with periodic() as restarted:
+            await restarted.release({"loss": 2.0}, 2)  # 2 minutes after round 1: dropped
             clock.advance(timedelta(minutes=3))
-            await again.release({"loss": 3.0}, 3)  # 5 minutes after round 1: passes
+            await restarted.release({"loss": 3.0}, 3)  # 5 minutes after round 1: passes
         assert memory.values() == {1: {"loss": 1.0}, 3: {"loss": 3.0}}
 
 
