@@ -29,6 +29,8 @@ class TestMemoryProgramStateManagerKeepingAll(ProgramStateManagerContract):
 
 
 class TestFileProgramStateManager(ProgramStateManagerContract):
+    persistent = True
+
     @pytest.fixture
     def state_manager_factory(self, tmp_path: Path):
         return lambda: FileProgramStateManager(tmp_path / "state")
@@ -36,6 +38,8 @@ class TestFileProgramStateManager(ProgramStateManagerContract):
 
 class TestCrashingStateManager(ProgramStateManagerContract):
     """The crash-injecting wrapper, set to crash at a version never saved, is transparent."""
+
+    persistent = True
 
     @pytest.fixture
     def state_manager_factory(self, tmp_path: Path):

@@ -66,12 +66,16 @@ class ProgramStateManagerContract(Contract):
     """The promises every :class:`~managers.ProgramStateManager` keeps.
 
     Override :meth:`state_manager_factory` to return a zero-argument callable that makes
-    a new manager with no saved version (for a manager on disk: on a directory under
-    the test's ``tmp_path``). The suite closes each manager it makes before it makes
-    the next, so successive calls may use the same storage. Tests are named after the
-    promise they check; a test that does not apply to your manager can be overridden
-    in your subclass (say why in its docstring).
+    a manager; the first one it makes in a test holds no version (for a manager on
+    disk: make each on one directory under the test's ``tmp_path``). The suite closes
+    each manager it makes before it makes the next. Set :attr:`persistent` when later
+    managers see what earlier ones saved, as a restarted program's does. Tests are named
+    after the promise they check; one that your manager cannot keep can be overridden
+    in your subclass, marked ``pytest.mark.xfail(strict=True, reason=...)``.
     """
+
+    persistent: bool = False
+    """Whether a manager the factory makes sees the versions that earlier ones saved."""
 
     @pytest.fixture
     def state_manager_factory(self) -> StateManagerFactory:
@@ -391,6 +395,27 @@ class ProgramStateManagerContract(Contract):
                 assert await manager.load(saved) == _state(saved)
         state, version = await manager.load_latest()
         assert state == _state(version)
+
+    # Restarts
+
+    async def test_a_restarted_manager_resumes_from_the_saved_versions(
+        self, state_manager_factory: StateManagerFactory
+    ) -> None:
+        if not self.persistent:
+            pytest.skip("the versions do not outlive their manager")
+        async with state_manager_factory() as first:
+            for version in (0, 2):
+                await first.save(_state(version), version)
+        async with state_manager_factory() as restarted:
+            assert await restarted.get_versions() == [0, 2]
+            assert await restarted.load_latest() == (_state(2), 2)
+            with pytest.raises(VersionExistsError):
+                await restarted.save(_state(2), 2)
+            with pytest.raises(VersionError, match="lower than the newest"):
+                await restarted.save(_state(1), 1)
+            await restarted.save(_state(3), 3)
+        async with state_manager_factory() as again:
+            assert await again.load_latest() == (_state(3), 3)
 
     # Closing
 
