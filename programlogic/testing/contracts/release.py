@@ -80,7 +80,7 @@ class ReleaseSubject(NamedTuple):
     when the storage does not outlive its manager (memory, logs)."""
 
 
-class Later:
+class _Later:
     """A value reference whose value is ready after ``delay`` scheduling points."""
 
     def __init__(self, value: Any, delay: int = 1) -> None:
@@ -93,7 +93,7 @@ class Later:
         return self.value
 
 
-class Gated:
+class _Gated:
     """A value reference whose value is ready once ``gate`` is set."""
 
     def __init__(self, gate: anyio.Event, value: Any) -> None:
@@ -105,25 +105,25 @@ class Gated:
         return self.value
 
 
-class DiskFull(OSError):
-    """What :class:`Failing` raises."""
+class _DiskFull(OSError):
+    """What :class:`_Failing` raises."""
 
 
-class Failing:
-    """A value reference whose materialization fails with :class:`DiskFull`."""
+class _Failing:
+    """A value reference whose materialization fails with :class:`_DiskFull`."""
 
     async def get_value(self) -> Any:
         await anyio.lowlevel.checkpoint()
-        raise DiskFull("disk full")
+        raise _DiskFull("disk full")
 
 
-class Metrics(NamedTuple):
+class _Metrics(NamedTuple):
     loss: Any
     accuracy: Any
 
 
 @dataclasses.dataclass
-class Summary:
+class _Summary:
     rounds: Any
 
 
@@ -167,13 +167,13 @@ class ReleaseManagerContract(Contract):
     ) -> None:
         await manager.release(
             {
-                "loss": Later(0.25),
-                "nested": {"accuracy": Later(0.75), "count": 3},
-                "ids": [Later(1)],
+                "loss": _Later(0.25),
+                "nested": {"accuracy": _Later(0.75), "count": 3},
+                "ids": [_Later(1)],
             },
             4,
         )
-        await manager.release(Later(0.5, delay=3), 100)
+        await manager.release(_Later(0.5, delay=3), 100)
         await _holds(
             subject,
             {4: {"loss": 0.25, "nested": {"accuracy": 0.75, "count": 3}, "ids": [1]}, 100: 0.5},
@@ -182,15 +182,18 @@ class ReleaseManagerContract(Contract):
     async def test_namedtuples_and_dataclasses_are_released(
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
-        value = {"metrics": Metrics(loss=Later(0.5), accuracy=0.25), "summary": Summary(Later(3))}
+        value = {
+            "metrics": _Metrics(loss=_Later(0.5), accuracy=0.25),
+            "summary": _Summary(_Later(3)),
+        }
         await manager.release(value, 1)
-        expected = {"metrics": Metrics(loss=0.5, accuracy=0.25), "summary": Summary(rounds=3)}
+        expected = {"metrics": _Metrics(loss=0.5, accuracy=0.25), "summary": _Summary(rounds=3)}
         await _holds(subject, {1: expected})
 
     async def test_arrays_are_held_or_refused_naming_their_path(
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
-        value = {"weights": Later(np.arange(3.0)), "bias": np.ones(2, dtype=np.float32)}
+        value = {"weights": _Later(np.arange(3.0)), "bias": np.ones(2, dtype=np.float32)}
         if not subject.capabilities.arrays:
             with pytest.raises(TypeError, match=r"'weights'.* array of shape \(3,\)"):
                 await manager.release(value, 1)
@@ -281,9 +284,9 @@ class ReleaseManagerContract(Contract):
         _needs_idempotency(subject)
         gate = anyio.Event()
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.release, {"loss": Gated(gate, 0.25)}, 1)
+            group.start_soon(manager.release, {"loss": _Gated(gate, 0.25)}, 1)
             await anyio.wait_all_tasks_blocked()
-            group.start_soon(manager.release, {"loss": Later(0.75)}, 1)
+            group.start_soon(manager.release, {"loss": _Later(0.75)}, 1)
             await anyio.wait_all_tasks_blocked()
             gate.set()
         await _holds(subject, {1: {"loss": 0.75}})
@@ -294,10 +297,10 @@ class ReleaseManagerContract(Contract):
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
         await manager.release({"loss": 1.0}, 1)
-        with pytest.raises(DiskFull, match="disk full"):
-            await manager.release({"loss": Failing()}, 2)
-        with pytest.raises(DiskFull, match="disk full"):
-            await manager.release({"loss": Failing(), "accuracy": 0.5}, 1)
+        with pytest.raises(_DiskFull, match="disk full"):
+            await manager.release({"loss": _Failing()}, 2)
+        with pytest.raises(_DiskFull, match="disk full"):
+            await manager.release({"loss": _Failing(), "accuracy": 0.5}, 1)
         await _holds(subject, {1: {"loss": 1.0}})
 
     async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
@@ -307,12 +310,12 @@ class ReleaseManagerContract(Contract):
         failures: list[BaseException] = []
 
         async def release_failing() -> None:
-            with pytest.raises(DiskFull) as raised:
-                await manager.release({"loss": Failing()}, 1)
+            with pytest.raises(_DiskFull) as raised:
+                await manager.release({"loss": _Failing()}, 1)
             failures.append(raised.value)
 
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.release, {"loss": Gated(gate, 0.25)}, 1)
+            group.start_soon(manager.release, {"loss": _Gated(gate, 0.25)}, 1)
             await anyio.wait_all_tasks_blocked()
             group.start_soon(release_failing)
             await anyio.wait_all_tasks_blocked()
@@ -329,10 +332,10 @@ class ReleaseManagerContract(Contract):
         str_keys = [f"s{key}" for key in range(count)] if subject.capabilities.str_keys else []
         async with anyio.create_task_group() as group:
             for key in range(count):
-                value = {"round": Later(key, delay=(key * 7) % 5), "half": key / 2}
+                value = {"round": _Later(key, delay=(key * 7) % 5), "half": key / 2}
                 group.start_soon(manager.release, value, key)
             for index, key in enumerate(str_keys):
-                group.start_soon(manager.release, {"index": Later(index, delay=index % 3)}, key)
+                group.start_soon(manager.release, {"index": _Later(index, delay=index % 3)}, key)
         expected: dict[ReleaseKey, Any] = {
             key: {"round": key, "half": key / 2} for key in range(count)
         }
@@ -347,7 +350,7 @@ class ReleaseManagerContract(Contract):
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as group:
                     group.start_soon(_cancel_after, scope, key - 1)
-                    await manager.release({"loss": Later(key / 4, delay=2), "round": key}, key)
+                    await manager.release({"loss": _Later(key / 4, delay=2), "round": key}, key)
         held = await _read_back(subject)
         assert 0 in held
         assert set(held) <= set(range(16))

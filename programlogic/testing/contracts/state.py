@@ -42,13 +42,13 @@ __all__ = ["ProgramStateManagerContract"]
 StateManagerFactory = Callable[[], ProgramStateManager]
 
 
-class Weights(NamedTuple):
+class _Weights(NamedTuple):
     kernel: Any
     bias: Any
 
 
 @dataclasses.dataclass
-class OptimizerState:
+class _OptimizerState:
     lr: float
     step: int
 
@@ -180,27 +180,27 @@ class ProgramStateManagerContract(Contract):
             2,
         )
         template = {
-            "weights": Weights(kernel=(0.0, 0.0), bias=0.0),
-            "optimizer": OptimizerState(lr=0.0, step=0),
+            "weights": _Weights(kernel=(0.0, 0.0), bias=0.0),
+            "optimizer": _OptimizerState(lr=0.0, step=0),
             "pair": (0, 0),
         }
         loaded = await manager.load(2, template)
         assert loaded == {
-            "weights": Weights(kernel=(1.0, 2.0), bias=0.5),
-            "optimizer": OptimizerState(lr=0.01, step=7),
+            "weights": _Weights(kernel=(1.0, 2.0), bias=0.5),
+            "optimizer": _OptimizerState(lr=0.01, step=7),
             "pair": (3, 4),
         }
-        assert type(loaded["weights"]) is Weights
+        assert type(loaded["weights"]) is _Weights
         assert type(loaded["weights"].kernel) is tuple
-        assert type(loaded["optimizer"]) is OptimizerState
+        assert type(loaded["optimizer"]) is _OptimizerState
         assert type(loaded["pair"]) is tuple
-        assert template["optimizer"] == OptimizerState(lr=0.0, step=0)  # left as it was
+        assert template["optimizer"] == _OptimizerState(lr=0.0, step=0)  # left as it was
 
     @pytest.mark.parametrize(
         ("saved", "template", "expected"),
         [
-            ([[1.0, 2.0], 3.0], Weights([0.0, 0.0], 0.0), Weights([1.0, 2.0], 3.0)),
-            ({"lr": 0.5, "step": 3}, OptimizerState(0.0, 0), OptimizerState(0.5, 3)),
+            ([[1.0, 2.0], 3.0], _Weights([0.0, 0.0], 0.0), _Weights([1.0, 2.0], 3.0)),
+            ({"lr": 0.5, "step": 3}, _OptimizerState(0.0, 0), _OptimizerState(0.5, 3)),
             ([1, [2, 3]], (0, (0, 0)), (1, (2, 3))),
             ({"a": 1, "b": 2}, OrderedDict(a=0, b=0), OrderedDict(a=1, b=2)),
         ],
@@ -218,8 +218,8 @@ class ProgramStateManagerContract(Contract):
 
     async def test_a_template_keeps_array_leaves(self, manager: ProgramStateManager) -> None:
         await manager.save({"w": np.array([1.0, 2.0]), "b": np.float64(0.5)}, 0)
-        loaded = await manager.load(0, Weights(kernel=np.zeros(2), bias=0.0))
-        assert type(loaded) is Weights
+        loaded = await manager.load(0, _Weights(kernel=np.zeros(2), bias=0.0))
+        assert type(loaded) is _Weights
         np.testing.assert_array_equal(loaded.kernel, [1.0, 2.0])
         assert loaded.bias == 0.5
 
@@ -227,18 +227,18 @@ class ProgramStateManagerContract(Contract):
         self, manager: ProgramStateManager
     ) -> None:
         await manager.save({"model": [1.0, 2.0], "optimizer": {"lr": 0.1, "step": 4}}, 1)
-        loaded = await manager.load(1, {"model": None, "optimizer": OptimizerState(0.0, 0)})
-        assert loaded == {"model": [1.0, 2.0], "optimizer": OptimizerState(lr=0.1, step=4)}
+        loaded = await manager.load(1, {"model": None, "optimizer": _OptimizerState(0.0, 0)})
+        assert loaded == {"model": [1.0, 2.0], "optimizer": _OptimizerState(lr=0.1, step=4)}
         assert type(loaded["model"]) is list
-        assert type(loaded["optimizer"]) is OptimizerState
+        assert type(loaded["optimizer"]) is _OptimizerState
 
     async def test_load_latest_takes_a_template(self, manager: ProgramStateManager) -> None:
         await manager.save({"kernel": [0.0], "bias": 0.0}, 0)
         await manager.save({"kernel": [1.0], "bias": 2.0}, 1)
-        state, version = await manager.load_latest(Weights(kernel=(0.0,), bias=0.0))
+        state, version = await manager.load_latest(_Weights(kernel=(0.0,), bias=0.0))
         assert version == 1
-        assert state == Weights(kernel=(1.0,), bias=2.0)
-        assert type(state) is Weights
+        assert state == _Weights(kernel=(1.0,), bias=2.0)
+        assert type(state) is _Weights
 
     # Versions
 
