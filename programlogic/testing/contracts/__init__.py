@@ -17,7 +17,27 @@ pytest and trio; anyio's pytest plugin runs the coroutines). The library's own
 implementations are the suites' first users: see ``tests/contracts/``.
 """
 
-from programlogic.testing.contracts._base import Contract
-from programlogic.testing.contracts.stopping import StoppingPolicyContract
+from pkgutil import iter_modules
 
-__all__ = ["Contract", "StoppingPolicyContract"]
+import pytest
+
+# Every suite's asserts explain their failures as a test module's do.
+pytest.register_assert_rewrite(*(f"{__name__}.{module.name}" for module in iter_modules(__path__)))
+
+from programlogic.testing.contracts._base import Contract  # noqa: E402
+from programlogic.testing.contracts.release import (  # noqa: E402
+    Capabilities,
+    ReleaseManagerContract,
+    ReleaseSubject,
+)
+from programlogic.testing.contracts.state import ProgramStateManagerContract  # noqa: E402
+from programlogic.testing.contracts.stopping import StoppingPolicyContract  # noqa: E402
+
+__all__ = [
+    "Capabilities",
+    "Contract",
+    "ProgramStateManagerContract",
+    "ReleaseManagerContract",
+    "ReleaseSubject",
+    "StoppingPolicyContract",
+]
