@@ -20,6 +20,10 @@ __all__ = ["ModelFileReleaseManager"]
 
 _SUFFIX = ".model"
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_.-]+")
+_INT_NAME = re.compile(r"-?[0-9]+")
+# A str key that reads as an int is stored under this prefix, which no safe key holds,
+# so that the keys 1 and "1" stay two files.
+_STR_PREFIX = "="
 
 
 class ModelFileReleaseManager(ReleaseManager):
@@ -28,7 +32,9 @@ class ModelFileReleaseManager(ReleaseManager):
     Files are ``{root_dir}/{key}.model`` in the codec of :mod:`managers.serialization`
     (the same lossless format as the file program-state manager: dtypes, shapes and
     container order kept, a checksum verified on load, no pickle). A str key must be
-    a plain file name (letters, digits, ``_``, ``.``, ``-``; not starting with ``.``).
+    a plain file name (letters, digits, ``_``, ``.``, ``-``; not starting with ``.``);
+    one that reads as an int (``"1"``) is stored as ``={key}.model``, apart from the int
+    key ``1``.
     Each file is written to a temporary name, fsynced and renamed, so a crash leaves
     the previous file or the new one; releasing a key again replaces its file.
     :meth:`load` reads one back.
@@ -65,8 +71,11 @@ class ModelFileReleaseManager(ReleaseManager):
     async def keys(self) -> list[ReleaseKey]:
         """The keys released so far: ints ascending, then strs in name order."""
         names = await anyio.to_thread.run_sync(_list_models, self._root)
-        ints = sorted(int(name) for name in names if name.isdigit())
-        return [*ints, *sorted(name for name in names if not name.isdigit())]
+        ints = sorted(int(name) for name in names if _INT_NAME.fullmatch(name))
+        strs = sorted(
+            name.removeprefix(_STR_PREFIX) for name in names if not _INT_NAME.fullmatch(name)
+        )
+        return [*ints, *strs]
 
     def _path(self, key: ReleaseKey) -> Path:
         name = str(key)
@@ -75,6 +84,8 @@ class ModelFileReleaseManager(ReleaseManager):
                 "a model key must be a plain file name (letters, digits, '_', '.', '-'), "
                 f"got {key!r}"
             )
+        if isinstance(key, str) and _INT_NAME.fullmatch(key):
+            name = f"{_STR_PREFIX}{key}"
         return self._root / f"{name}{_SUFFIX}"
 
 

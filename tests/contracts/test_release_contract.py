@@ -438,12 +438,3 @@ class TestModelFileReleaseManager(ReleaseManagerContract):
             Capabilities(normalize=_as_model_file_holds),
             reopen=lambda: ModelFileReleaseManager(root),
         )
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="defect: ModelFileReleaseManager stores the keys 1 and '1' in one file, 1.model",
-    )
-    async def test_int_and_str_keys_are_held_apart(
-        self, subject: ReleaseSubject, manager: ReleaseManager
-    ) -> None:
-        await super().test_int_and_str_keys_are_held_apart(subject, manager)

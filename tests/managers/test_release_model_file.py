@@ -40,6 +40,27 @@ async def test_a_file_per_key_and_re_release_replaces(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+async def test_int_keys_and_str_keys_that_read_as_ints_are_separate_files(
+    tmp_path: Path,
+) -> None:
+    manager = ModelFileReleaseManager(tmp_path)
+    await manager.release({"w": np.ones(1)}, 1)
+    await manager.release({"w": np.zeros(1)}, "1")
+    await manager.release({"w": np.full(1, 2.0)}, -2)
+    await manager.release({"w": np.full(1, 3.0)}, "-2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "-2.model",
+        "1.model",
+        "=-2.model",
+        "=1.model",
+    ]
+    reopened = ModelFileReleaseManager(tmp_path)
+    assert await reopened.keys() == [-2, 1, "-2", "1"]
+    np.testing.assert_array_equal((await reopened.load(1))["w"], [1.0])
+    np.testing.assert_array_equal((await reopened.load("1"))["w"], [0.0])
+    np.testing.assert_array_equal((await reopened.load(-2))["w"], [2.0])
+
+
 async def test_missing_and_damaged_models_are_clear_errors(tmp_path: Path) -> None:
     manager = ModelFileReleaseManager(tmp_path)
     with pytest.raises(VersionNotFoundError, match="no model was released under key 4"):
