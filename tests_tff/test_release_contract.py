@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import tensorflow_federated as tff
 
-from managers import ReleaseManager
 from programlogic.contexts.tff import TFFReleaseManager
 from programlogic.testing.contracts import Capabilities, ReleaseManagerContract, ReleaseSubject
 
@@ -39,13 +38,3 @@ class TestTFFMemoryReleaseManager(ReleaseManagerContract):
             lambda: dict(memory.values()),
             Capabilities(normalize=_as_tff_holds),
         )
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="defect: TFFReleaseManager materializes a value before it takes its lock, so "
-        "of two overlapping releases of a key the one ready last wins, not the one called last",
-    )
-    async def test_overlapping_releases_of_one_key_keep_the_last_call(
-        self, subject: ReleaseSubject, manager: ReleaseManager
-    ) -> None:
-        await super().test_overlapping_releases_of_one_key_keep_the_last_call(subject, manager)

@@ -87,10 +87,10 @@ class TFFReleaseManager(ReleaseManager):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         check_key(key)
-        plain = to_tff_structure(await materialize(value))
         if self._lock is None:  # made on first use, inside the program's event loop
             self._lock = anyio.Lock()
-        async with self._lock:
+        async with self._lock:  # taken before the value is ready: the last call wins
+            plain = to_tff_structure(await materialize(value))
             await anyio.to_thread.run_sync(_run_on_own_loop, self._tff_manager.release, plain, key)
 
     def __repr__(self) -> str:
