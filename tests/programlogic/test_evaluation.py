@@ -31,17 +31,19 @@ class Store:
 
     def __init__(self) -> None:
         self.managers: dict[str, MemoryProgramStateManager] = {}
-        self.crash: tuple[str, int, bool] | None = None
+        self.crashing: CrashingStateManager | None = None
+        self.crashing_name = ""
 
     def crash_at(self, name: str, version: int, *, after_save: bool = False) -> None:
-        self.crash = (name, version, after_save)
+        inner = self.managers.setdefault(name, MemoryProgramStateManager())
+        self.crashing = CrashingStateManager(inner, version, after_save=after_save)
+        self.crashing_name = name
 
     def __call__(self, name: str) -> ProgramStateManager:
         inner = self.managers.setdefault(name, MemoryProgramStateManager())
-        if self.crash is not None and self.crash[0] == name:
-            _, version, after_save = self.crash
-            self.crash = None
-            return CrashingStateManager(inner, version, after_save=after_save)
+        if self.crashing is not None and name == self.crashing_name:
+            if not self.crashing.crashed:
+                return self.crashing
         return inner
 
     async def leftover(self) -> dict[str, list[int]]:
