@@ -37,7 +37,12 @@ logger = logging.getLogger(__name__)
 
 @runtime_checkable
 class EvaluationManagerProtocol(Protocol):
-    """What ``train_model`` needs of an evaluation manager."""
+    """What ``train_model`` needs of an evaluation manager.
+
+    Optionally also ``async aclose()``: stop the running evaluations (their saved state
+    stays) and release what the manager holds. ``train_model`` calls it when it fails
+    or is cancelled, so that no evaluation outlives the failed run.
+    """
 
     async def resume_from_previous_state(self) -> None:
         """Resume the evaluations that were in flight when the program last stopped."""
@@ -132,20 +137,36 @@ async def train_model(
     finishes before the policy is asked, which makes the stop round reproducible
     across restarts at the price of the overlap between evaluation and training.
 
-    Resuming: the newest version of ``program_state_manager`` is loaded; its round's
-    metrics are released again and its evaluation started again (releases are
-    idempotent by key, starting an evaluation twice is a no-op), so a crash right after
-    a save loses nothing; training continues with the next round. A checkpoint written
-    with another seed, number of clients per round or set of clients raises
-    :class:`~programlogic.exceptions.ResumeError` naming what differs. A larger
-    ``train_total_rounds`` than before continues training; if the checkpoint already
-    holds the last round, only the final release (and evaluation) is made sure of.
+    Resuming: the newest version of ``program_state_manager`` is loaded and checked
+    first: a checkpoint written with another seed, number of clients per round or
+    sampler (the data source's ``describe()``, compared as an opaque value; for a dict,
+    the differing keys are named) raises :class:`~programlogic.exceptions.ResumeError`
+    naming what differs, before any evaluation is resumed. Then the evaluations in
+    flight are resumed, the loaded round's metrics are released again and its
+    evaluation started again (releases are idempotent by key, starting an evaluation
+    twice is a no-op), so a crash right after a save loses nothing; training continues
+    with the next round. A larger ``train_total_rounds`` than before continues
+    training; if the checkpoint already holds the last round, only the final release
+    (and evaluation) is made sure of.
 
-    Errors: an exception from the process, a save, a release or an evaluation fails
-    ``train_model`` with that same exception (several at once as an
-    ``ExceptionGroup``) and cancels the rest. Cancelling ``train_model`` cancels its
-    saves and releases; a save already writing finishes first (file managers write
-    atomically), so the newest complete checkpoint stays loadable.
+    Errors: when the process, a save, a release, the stopping policy or an evaluation
+    raises, ``train_model`` fails with that same exception object, and with nothing
+    else: the saves, releases and rounds that this failure cancels add no error of
+    their own, and an exception group raised by user code comes back whole, as it was
+    raised. Only failures that happen independently before either is cancelled (or
+    several failed evaluations) come together in one ``ExceptionGroup``. A failed
+    evaluation is raised when ``train_model`` waits for the evaluations, after the
+    final release. Client work that raises in a backend arrives as
+    :class:`~programlogic.exceptions.ClientError`, with the original as its cause.
+
+    Cancellation, and what a failure leaves: ``train_model`` cancels its saves and
+    releases; a save already writing finishes first (file managers write atomically),
+    so the newest complete checkpoint stays loadable. When it fails or is cancelled,
+    it closes an ``evaluation_manager`` that has an ``aclose`` (as
+    :class:`~programlogic.EvaluationManager` has) before it returns: no evaluation it
+    started or resumed keeps running, their saved state stays for a resume, and no
+    state directory stays locked, so the same program can be run again in the same
+    process.
     """
     periodicity = _check_arguments(
         train_process=train_process,
