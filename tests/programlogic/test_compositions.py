@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -101,6 +102,7 @@ class Program:
         self.models = MemoryReleaseManager()
         self.clock = FakeClock()
         self.left_running: int | None = None
+        self.cancel_scope: anyio.CancelScope | None = None  # cancelled by the "cancellation"
         self.evaluation_managers: list[EvaluationManager] = []  # kept referenced
 
     def state_manager(self, name: str) -> ProgramStateManager:
@@ -116,10 +118,16 @@ class Program:
         def fails(where: str) -> bool:
             return failure == where
 
+        program = self
+
         class Process(FakeLearningProcess):
             async def next(self, state, clients):
-                if fails("next") and state["rounds"] + 1 == FAILING_ROUND:
-                    raise boom
+                if state["rounds"] + 1 == FAILING_ROUND:
+                    if fails("next"):
+                        raise boom
+                    if fails("cancellation") and program.cancel_scope is not None:
+                        program.cancel_scope.cancel()
+                        await anyio.lowlevel.checkpoint()
                 return await super().next(state, clients)
 
         class EvaluationProcess(FakeLearningProcess):
@@ -229,6 +237,25 @@ async def test_a_failure_fails_train_model_alone_and_a_rerun_resumes_to_the_same
     state: str, failure: str, tmp_path: Path
 ) -> None:
     await check_composition(state, failure, LocalContext, tmp_path, "local")
+
+
+@pytest.mark.parametrize("state", ["memory", "file"])
+async def test_a_cancelled_run_leaves_nothing_running_and_a_rerun_resumes_to_the_same_end(
+    state: str, tmp_path: Path
+) -> None:
+    expected, uninterrupted = await reference(LocalContext, tmp_path, "local")
+    program = Program(state, tmp_path / "program")
+    with anyio.CancelScope() as program.cancel_scope:
+        await program.run(LocalContext(), "cancellation")
+    assert program.cancel_scope.cancelled_caught
+    assert program.left_running == 0
+    await program.assert_unlocked()
+    result = await program.run(LocalContext())
+    assert result.resumed_from is not None and result.resumed_from < FAILING_ROUND
+    np.testing.assert_array_equal(result.state["weights"], expected.state["weights"])
+    assert program.metrics.values() == uninterrupted.metrics.values()
+    assert program.evaluations.values() == uninterrupted.evaluations.values()
+    assert program.models.values().keys() == uninterrupted.models.values().keys()
 
 
 # Ray: file state, failures of the process and of a release, under asyncio only
