@@ -407,16 +407,21 @@ async def test_bad_arguments_are_rejected(
 
 
 class Held(FakeLearningProcess):
-    """An evaluation process whose rounds wait until ``go`` is set; counts the running ones."""
+    """An evaluation process whose rounds wait until ``go`` is set; counts the running ones.
+
+    ``entered`` is set once a round has started waiting.
+    """
 
     running = 0
 
-    def __init__(self, go: anyio.Event) -> None:
+    def __init__(self, go: anyio.Event, entered: anyio.Event | None = None) -> None:
         super().__init__()
         self.go = go
+        self.entered = entered or anyio.Event()
 
     async def next(self, state, clients):
         Held.running += 1
+        self.entered.set()
         try:
             await self.go.wait()
         finally:
@@ -504,9 +509,10 @@ async def test_closing_the_manager_stops_its_evaluations_and_a_new_one_resumes_t
 ) -> None:
     program = Program()
     go = anyio.Event()
+    entered = {name: anyio.Event() for name in ("evaluation_of_round_1", "evaluation_of_round_2")}
 
     def held(name: str):
-        return Held(go), program.per_round.setdefault(name, MemoryReleaseManager())
+        return Held(go, entered[name]), program.per_round.setdefault(name, MemoryReleaseManager())
 
     async with LocalContext() as context:
         async with program.manager(
@@ -514,7 +520,8 @@ async def test_closing_the_manager_stops_its_evaluations_and_a_new_one_resumes_t
         ) as manager:
             await manager.start_evaluation(1, program.now(), np.zeros(2))
             await manager.start_evaluation(2, program.now(), np.ones(2))
-            await anyio.wait_all_tasks_blocked()
+            for event in entered.values():
+                await event.wait()
             assert Held.running == 2
         assert Held.running == 0 and context.background.running == 0
         await assert_unlocked(tmp_path)
