@@ -81,6 +81,7 @@ async def task_group() -> AsyncIterator[OwnedTaskGroup]:
     never counted as failures.
     """
     failures: list[Exception] = []
+    cancelled = anyio.get_cancelled_exc_class()
     try:
         async with anyio.create_task_group() as group:
             owner = OwnedTaskGroup(group)
@@ -89,6 +90,9 @@ async def task_group() -> AsyncIterator[OwnedTaskGroup]:
                 yield owner
             except Exception as error:
                 owner.fail(error)
+    except cancelled:  # from outside: it yields to a failure that happened meanwhile
+        if not failures:
+            raise
     except BaseExceptionGroup as group_error:  # a task raised a BaseException
         failure = collapse(group_error)
         if failure is group_error:
