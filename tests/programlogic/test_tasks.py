@@ -191,3 +191,12 @@ async def test_a_handle_of_a_successful_task_waits_for_it() -> None:
         task = tracker.start_soon(work)
         await task.wait()
         assert steps == ["done"] and task.done
+
+
+async def test_leaving_a_tracker_lets_the_blocks_own_exception_group_through_whole() -> None:
+    error = ExceptionGroup("the block's own", [KeyError("a")])
+    with pytest.raises(ExceptionGroup) as caught:
+        async with TaskTracker() as tracker:
+            tracker.start_soon(anyio.sleep_forever)
+            raise error
+    assert caught.value is error
