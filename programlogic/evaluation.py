@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
 
 import anyio
 
@@ -17,7 +19,7 @@ from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
 from programlogic.data import ClientHandle, FederatedDataSource
 from programlogic.process import LearningProcess, as_async
-from programlogic.tasks import TrackedTask, collapse
+from programlogic.tasks import TrackedTask
 
 __all__ = ["EvaluationManager", "evaluate_once", "evaluation_seed"]
 
@@ -46,10 +48,14 @@ class EvaluationManager:
     - ``aggregated_metrics_manager``: receives each evaluation's final metrics (those of
       its last evaluation round; an evaluation process that aggregates across rounds
       makes them aggregated) with key = train round.
-    - ``create_state_manager_fn(name)``: a program-state manager per name: the
+    - ``create_state_manager_fn(name)``: a program-state manager for a name: the
       manager's own bookkeeping (``"evaluation_manager"``) and each evaluation's state
-      (``"evaluation_of_round_{r}"``). It must return managers that see the same data
-      for the same name after a restart (e.g. file managers under one directory).
+      (``"evaluation_of_round_{r}"``). It is called whenever one is needed, and must
+      return managers that see the same data for the same name, also after a restart
+      (e.g. a file manager on ``root / name``, or one memory manager per name).
+      Each manager it returns is closed (``aclose``) as soon as this manager is done
+      with it: the bookkeeping's after each update, an evaluation's when its loop ends
+      (finished, failed or cancelled).
     - ``create_process_fn(name)``: ``(evaluation_process, per_round_metrics_manager)``
       for an evaluation; the process is a :class:`~programlogic.LearningProcess`
       whose ``next`` evaluates (its state holds the weights under evaluation).
@@ -59,9 +65,14 @@ class EvaluationManager:
       their turn in the order they were started.
 
     Ownership: loops run in the current federated context's background work. Leaving
-    the context cancels unfinished loops; their saved state stays for a resume. A
-    failing loop never cancels its caller: :meth:`wait_for_evaluations_to_finish`
-    raises its failure.
+    the context, or closing this manager (``async with EvaluationManager(...)`` or
+    :meth:`aclose`), cancels unfinished loops; their saved state stays for a resume.
+    ``train_model`` closes it when it fails or is cancelled, so no evaluation outlives
+    a failed run. A failing loop never cancels its caller:
+    :meth:`wait_for_evaluations_to_finish` raises its failure. Between calls, with no
+    evaluation running, the manager holds no state manager open: a crashed program can
+    be rerun in the same process with a new manager on the same directories, even
+    while the old one is still referenced.
 
     What is durable, in order, so that a crash anywhere loses nothing and leaves no
     orphaned state: ``start_evaluation`` saves the in-flight list (train round, start
@@ -118,11 +129,10 @@ class EvaluationManager:
         self._clock = clock or SystemClock()
         self._max_concurrent = max_concurrent
         self._seed = seed
-        self._bookkeeping: ProgramStateManager | None = None
         self._in_flight: dict[int, int] = {}
         self._finished: list[int] = []
         self._tasks: dict[int, TrackedTask] = {}
-        self._state_managers: dict[int, ProgramStateManager] = {}
+        self._running: dict[int, tuple[anyio.CancelScope, anyio.Event]] = {}
         self._processes: dict[int, tuple[LearningProcess, ReleaseManager]] = {}
         self._turns: anyio.Semaphore | None = None
         self._lock: anyio.Lock | None = None
@@ -140,7 +150,8 @@ class EvaluationManager:
     async def resume_from_previous_state(self) -> None:
         """Resume every evaluation that was in flight when the program last stopped."""
         async with self._guard():
-            saved, _ = await self._manager_state().load_latest()
+            async with self._opened(MANAGER_STATE_NAME) as bookkeeping:
+                saved, _ = await bookkeeping.load_latest()
             if saved is not None:
                 self._in_flight = {int(r): int(start) for r, start in saved["in_flight"]}
                 self._finished = [int(r) for r in saved["finished"]]
@@ -148,11 +159,11 @@ class EvaluationManager:
             for train_round, start in list(self._in_flight.items()):
                 if train_round in self._tasks:
                     continue
-                versions = await self._state_manager(train_round).get_versions()
+                async with self._opened(_evaluation_name(train_round)) as state_manager:
+                    versions = await state_manager.get_versions()
                 if versions:
                     resumable[train_round] = start
                 else:
-                    await self._state_managers.pop(train_round).aclose()
                     logger.warning(
                         "dropping the evaluation of round %d: its state was never saved "
                         "or was already deleted",
@@ -183,7 +194,8 @@ class EvaluationManager:
             initial = await as_async(process.initialize)()
             state = await as_async(process.set_model_weights)(initial, model_weights)
             checkpoint = {"process_state": state, "evaluation_round": 0, "metrics": None}
-            await self._state_manager(train_round).save(await materialize(checkpoint), 0)
+            async with self._opened(_evaluation_name(train_round)) as state_manager:
+                await state_manager.save(await materialize(checkpoint), 0)
         await self._fork(train_round, int(start_timestamp))
 
     async def wait_for_evaluations_to_finish(self) -> None:
@@ -201,7 +213,35 @@ class EvaluationManager:
         if len(failures) == 1:
             raise failures[0]
         if failures:
-            raise collapse(ExceptionGroup(f"{len(failures)} evaluations failed", failures))
+            raise ExceptionGroup(f"{len(failures)} evaluations failed", failures)
+
+    async def aclose(self) -> None:
+        """Stop the evaluations this manager runs and release what it holds.
+
+        Running evaluations are cancelled, and this returns once they have stopped;
+        their saved state stays, so :meth:`resume_from_previous_state` (of this manager
+        or of a new one) continues them. A failure an evaluation raised before stays
+        with the federated context's background work (raised when the context is left,
+        unless something else is). The manager may be used again afterwards.
+        """
+        running = list(self._running.values())
+        for scope, _ in running:
+            scope.cancel()
+        with anyio.CancelScope(shield=True):
+            for _, stopped in running:
+                await stopped.wait()
+        self._tasks.clear()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     async def _fork(self, train_round: int, start: int) -> None:
         task = await get_context().background.start(
@@ -212,41 +252,47 @@ class EvaluationManager:
     async def _loop(
         self, train_round: int, start: int, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
-        if self._max_concurrent is not None and self._turns is None:
-            self._turns = anyio.Semaphore(self._max_concurrent)
-        turns = self._turns
-        task_status.started()
-        if turns is None:
-            await self._evaluate(train_round, start)
-        else:
-            async with turns:
-                await self._evaluate(train_round, start)
+        stopped = anyio.Event()
+        with anyio.CancelScope() as scope:
+            self._running[train_round] = (scope, stopped)
+            try:
+                if self._max_concurrent is not None and self._turns is None:
+                    self._turns = anyio.Semaphore(self._max_concurrent)
+                turns = self._turns
+                task_status.started()
+                if turns is None:
+                    await self._evaluate(train_round, start)
+                else:
+                    async with turns:
+                        await self._evaluate(train_round, start)
+            finally:
+                self._processes.pop(train_round, None)
+                del self._running[train_round]
+                stopped.set()
 
     async def _evaluate(self, train_round: int, start: int) -> None:
         process, per_round_metrics = self._process(train_round)
-        state_manager = self._state_manager(train_round)
-        template = {"process_state": await as_async(process.initialize)()}
-        saved, evaluation_round = await state_manager.load_latest(template)
-        state, metrics = saved["process_state"], saved["metrics"]
-        iterator = self._data_source.iterator(evaluation_seed(self._seed, train_round))
-        deadline = start + self._duration
-        run_round = as_async(process.next)
-        while evaluation_round == 0 or int(self._clock.now().timestamp()) < deadline:
-            evaluation_round += 1
-            clients = iterator.select(self._cohort_size, evaluation_round)
-            output = await run_round(state, clients)
-            state, metrics = output.state, await materialize(output.metrics)
-            await per_round_metrics.release(metrics, evaluation_round)
-            checkpoint = {
-                "process_state": state,
-                "evaluation_round": evaluation_round,
-                "metrics": metrics,
-            }
-            await state_manager.save(await materialize(checkpoint), evaluation_round)
-        await self._aggregated.release(metrics, train_round)
-        await state_manager.remove_all()
-        await self._state_managers.pop(train_round).aclose()
-        del self._processes[train_round]
+        async with self._opened(_evaluation_name(train_round)) as state_manager:
+            template = {"process_state": await as_async(process.initialize)()}
+            saved, evaluation_round = await state_manager.load_latest(template)
+            state, metrics = saved["process_state"], saved["metrics"]
+            iterator = self._data_source.iterator(evaluation_seed(self._seed, train_round))
+            deadline = start + self._duration
+            run_round = as_async(process.next)
+            while evaluation_round == 0 or int(self._clock.now().timestamp()) < deadline:
+                evaluation_round += 1
+                clients = iterator.select(self._cohort_size, evaluation_round)
+                output = await run_round(state, clients)
+                state, metrics = output.state, await materialize(output.metrics)
+                await per_round_metrics.release(metrics, evaluation_round)
+                checkpoint = {
+                    "process_state": state,
+                    "evaluation_round": evaluation_round,
+                    "metrics": metrics,
+                }
+                await state_manager.save(await materialize(checkpoint), evaluation_round)
+            await self._aggregated.release(metrics, train_round)
+            await state_manager.remove_all()
         async with self._guard():
             self._in_flight.pop(train_round, None)
             self._finished.append(train_round)
@@ -262,30 +308,29 @@ class EvaluationManager:
             self._lock = anyio.Lock()
         return self._lock
 
-    def _manager_state(self) -> ProgramStateManager:
-        if self._bookkeeping is None:
-            self._bookkeeping = self._create_state_manager(MANAGER_STATE_NAME)
-        return self._bookkeeping
+    @contextlib.asynccontextmanager
+    async def _opened(self, name: str) -> AsyncIterator[ProgramStateManager]:
+        """A state manager from ``create_state_manager_fn(name)``, closed after use."""
+        manager = self._create_state_manager(name)
+        try:
+            yield manager
+        finally:
+            with anyio.CancelScope(shield=True):  # also when cancelled: it may hold a lock
+                await manager.aclose()
 
     def _process(self, train_round: int) -> tuple[LearningProcess, ReleaseManager]:
         if train_round not in self._processes:
             self._processes[train_round] = self._create_process(_evaluation_name(train_round))
         return self._processes[train_round]
 
-    def _state_manager(self, train_round: int) -> ProgramStateManager:
-        if train_round not in self._state_managers:
-            manager = self._create_state_manager(_evaluation_name(train_round))
-            self._state_managers[train_round] = manager
-        return self._state_managers[train_round]
-
     async def _save_bookkeeping(self) -> None:
-        manager = self._manager_state()
-        versions = await manager.get_versions()
         state = {
             "in_flight": [[r, start] for r, start in self._in_flight.items()],
             "finished": list(self._finished),
         }
-        await manager.save(state, versions[-1] + 1 if versions else 0)
+        async with self._opened(MANAGER_STATE_NAME) as manager:
+            versions = await manager.get_versions()
+            await manager.save(state, versions[-1] + 1 if versions else 0)
 
 
 async def evaluate_once(

@@ -140,8 +140,16 @@ class TaskTracker:
         try:
             suppressed = await group.__aexit__(exc_type, exc, traceback)
         except BaseExceptionGroup as group_error:
+            # The block's own exception comes back inside the backend's group, and trio
+            # rebuilds the groups it nests: match the block's exceptions leaf by leaf.
             cancelled = anyio.get_cancelled_exc_class()
-            _, others = group_error.split(lambda e: e is exc or isinstance(e, cancelled))
+            own = {id(leaf) for leaf in _leaves(exc)}
+            _, others = group_error.split(
+                lambda e: (
+                    not isinstance(e, BaseExceptionGroup)
+                    and (id(e) in own or isinstance(e, cancelled))
+                )
+            )
             if exc is not None and others is None:
                 return False  # the block's own exception propagates as it is
             raise
@@ -211,3 +219,12 @@ class _StartedFlag:
         self.is_started = True
         self._task.value = value
         self._status.started(value)
+
+
+def _leaves(error: BaseException | None) -> list[BaseException]:
+    """The exceptions in ``error``: itself, or the leaves of a group."""
+    if error is None:
+        return []
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for member in error.exceptions for leaf in _leaves(member)]
+    return [error]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import logging
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
@@ -34,7 +36,12 @@ logger = logging.getLogger(__name__)
 
 @runtime_checkable
 class EvaluationManagerProtocol(Protocol):
-    """What ``train_model`` needs of an evaluation manager."""
+    """What ``train_model`` needs of an evaluation manager.
+
+    Optionally also ``async aclose()``: stop the running evaluations (their saved state
+    stays) and release what the manager holds. ``train_model`` calls it when it fails
+    or is cancelled, so that no evaluation outlives the failed run.
+    """
 
     async def resume_from_previous_state(self) -> None:
         """Resume the evaluations that were in flight when the program last stopped."""
@@ -125,20 +132,36 @@ async def train_model(
     stopped with the policy's reason, evaluated, its model released as the final one,
     and the result's ``stop_reason`` is that reason, on a rerun too.
 
-    Resuming: the newest version of ``program_state_manager`` is loaded; its round's
-    metrics are released again and its evaluation started again (releases are
-    idempotent by key, starting an evaluation twice is a no-op), so a crash right after
-    a save loses nothing; training continues with the next round. A checkpoint written
-    with another seed, number of clients per round or set of clients raises
-    :class:`~programlogic.exceptions.ResumeError` naming what differs. A larger
-    ``train_total_rounds`` than before continues training; if the checkpoint already
-    holds the last round, only the final release (and evaluation) is made sure of.
+    Resuming: the newest version of ``program_state_manager`` is loaded and checked
+    first: a checkpoint written with another seed, number of clients per round or
+    sampler (the data source's ``describe()``, compared as an opaque value; for a dict,
+    the differing keys are named) raises :class:`~programlogic.exceptions.ResumeError`
+    naming what differs, before any evaluation is resumed. Then the evaluations in
+    flight are resumed, the loaded round's metrics are released again and its
+    evaluation started again (releases are idempotent by key, starting an evaluation
+    twice is a no-op), so a crash right after a save loses nothing; training continues
+    with the next round. A larger ``train_total_rounds`` than before continues
+    training; if the checkpoint already holds the last round, only the final release
+    (and evaluation) is made sure of.
 
-    Errors: an exception from the process, a save, a release or an evaluation fails
-    ``train_model`` with that same exception (several at once as an
-    ``ExceptionGroup``) and cancels the rest. Cancelling ``train_model`` cancels its
-    saves and releases; a save already writing finishes first (file managers write
-    atomically), so the newest complete checkpoint stays loadable.
+    Errors: when the process, a save, a release, the stopping policy or an evaluation
+    raises, ``train_model`` fails with that same exception object, and with nothing
+    else: the saves, releases and rounds that this failure cancels add no error of
+    their own, and an exception group raised by user code comes back whole, as it was
+    raised. Only failures that happen independently before either is cancelled (or
+    several failed evaluations) come together in one ``ExceptionGroup``. A failed
+    evaluation is raised when ``train_model`` waits for the evaluations, after the
+    final release. Client work that raises in a backend arrives as
+    :class:`~programlogic.exceptions.ClientError`, with the original as its cause.
+
+    Cancellation, and what a failure leaves: ``train_model`` cancels its saves and
+    releases; a save already writing finishes first (file managers write atomically),
+    so the newest complete checkpoint stays loadable. When it fails or is cancelled,
+    it closes an ``evaluation_manager`` that has an ``aclose`` (as
+    :class:`~programlogic.EvaluationManager` has) before it returns: no evaluation it
+    started or resumed keeps running, their saved state stays for a resume, and no
+    state directory stays locked, so the same program can be run again in the same
+    process.
     """
     periodicity = _check_arguments(
         train_process=train_process,
@@ -177,14 +200,22 @@ async def train_model(
         },
     )
 
-    if evaluation_manager is not None:
-        await evaluation_manager.resume_from_previous_state()
     initial_state = await as_async(train_process.initialize)()
     template = {"train_state": initial_state}
     loaded, loaded_round = await program_state_manager.load_latest(template)
     resumed_from = None if loaded is None else loaded_round
+    if loaded is not None:
+        program.check_resumable(loaded, loaded_round)
 
-    async with task_group() as group:
+    # The persister saves and releases one round while the loop computes the next; an
+    # unbuffered stream holds the loop back until the previous round is taken. This
+    # function owns the receiving end: it stays open when the persister fails, so the
+    # loop, waiting to hand over a round, is cancelled instead of told the stream broke.
+    send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
+    stop_evaluations_on_failure = _evaluations_stopped_on_failure(evaluation_manager)
+    async with send, receive, stop_evaluations_on_failure, task_group() as group:
+        if evaluation_manager is not None:
+            await evaluation_manager.resume_from_previous_state()
         if loaded is None:
             logger.info("starting training from the initial state")
             checkpoint = program.checkpoint(initial_state, 0, None, last_evaluation=None)
@@ -192,7 +223,6 @@ async def train_model(
             await program.persist(checkpoint)
             state, first_round = initial_state, 1
         else:
-            program.check_resumable(loaded, loaded_round)
             logger.info("resuming training after round %d", loaded_round)
             checkpoint = loaded
             state, first_round = loaded["train_state"], loaded_round + 1
@@ -203,10 +233,7 @@ async def train_model(
         last_evaluation = checkpoint["evaluation"]["last_time"]
         last_round = checkpoint["round"]
 
-        # The persister saves and releases one round while the loop computes the next;
-        # an unbuffered stream holds the loop back until the previous round is taken.
         next_round = as_async(train_process.next)
-        send, receive = anyio.create_memory_object_stream[dict[str, Any]](0)
         group.start_soon(program.persist_each, receive, name="persist rounds")
         async with send:
             for round_num in range(first_round, train_total_rounds + 1):
@@ -241,6 +268,30 @@ async def train_model(
     return TrainingResult(
         state=state, round_num=last_round, stop_reason=reason, resumed_from=resumed_from
     )
+
+
+@contextlib.asynccontextmanager
+async def _evaluations_stopped_on_failure(
+    evaluation_manager: EvaluationManagerProtocol | None,
+) -> AsyncIterator[None]:
+    """On failure or cancellation, stop the evaluations this call started or resumed.
+
+    An evaluation manager with an ``aclose`` (:class:`~programlogic.EvaluationManager`)
+    is closed: its running evaluations are cancelled (their saved state stays for a
+    resume) and its state managers released. A failure of ``aclose`` itself is logged:
+    it must not hide the failure that got here.
+    """
+    try:
+        yield
+    except BaseException:
+        close = getattr(evaluation_manager, "aclose", None)
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await close()
+                except Exception:
+                    logger.exception("closing the evaluation manager after a failure failed")
+        raise
 
 
 @dataclasses.dataclass
@@ -342,10 +393,9 @@ class _Program:
         self.progress = anyio.Event()
 
     async def persist_each(self, checkpoints: MemoryObjectReceiveStream[dict[str, Any]]) -> None:
-        """Persist the checkpoints in the order they arrive."""
-        async with checkpoints:
-            async for checkpoint in checkpoints:
-                await self.persist(checkpoint)
+        """Persist the checkpoints in the order they arrive, until the sending end closes."""
+        async for checkpoint in checkpoints:
+            await self.persist(checkpoint)
 
     async def wait_until_persisted(self, round_num: int) -> None:
         """Wait until round ``round_num`` (or a later one) is saved and released."""
@@ -371,8 +421,13 @@ class _Program:
         )
 
     def check_resumable(self, loaded: Any, loaded_round: int) -> None:
-        """Raise ResumeError when ``loaded`` was written by another configuration."""
-        if not isinstance(loaded, dict) or not {"train_state", "round", "sampler"} <= loaded.keys():
+        """Raise ResumeError when ``loaded`` was written by another configuration.
+
+        The sampler's description is opaque: it is compared as a whole value, and for a
+        dict description the keys whose values differ are named.
+        """
+        written_by_us = {"train_state", "round", "sampler", "per_round_clients"}
+        if not isinstance(loaded, dict) or not written_by_us <= loaded.keys():
             raise ResumeError(
                 f"version {loaded_round} of the program state manager was not written by "
                 "train_model; give train_model a state manager of its own"
@@ -382,26 +437,12 @@ class _Program:
                 f"the program state is at round {loaded_round}, beyond "
                 f"train_total_rounds={self.total_rounds}"
             )
-        saved_sampler, sampler = loaded["sampler"], self.config["sampler"]
-        differences = [
-            f"{name}={saved!r} (this run: {current!r})"
-            for name, saved, current in [
-                ("seed", saved_sampler["seed"], sampler["seed"]),
-                (
-                    "train_per_round_clients",
-                    loaded["per_round_clients"],
-                    self.config["per_round_clients"],
-                ),
-                ("sampling", saved_sampler["sampling"], sampler["sampling"]),
-                ("number of clients", saved_sampler["num_clients"], sampler["num_clients"]),
-            ]
-            if saved != current
-        ]
-        if (
-            saved_sampler["num_clients"] == sampler["num_clients"]
-            and saved_sampler["client_ids_sha256"] != sampler["client_ids_sha256"]
-        ):
-            differences.append("another set of client ids")
+        differences = _sampler_differences(loaded["sampler"], self.config["sampler"])
+        saved_clients, clients = loaded["per_round_clients"], self.config["per_round_clients"]
+        if saved_clients != clients:
+            differences.insert(
+                0, f"train_per_round_clients={saved_clients!r} (this run: {clients!r})"
+            )
         if differences:
             raise ResumeError(
                 f"cannot resume from the program state of round {loaded_round}: it was "
@@ -427,6 +468,44 @@ def _check_answer(answer: object, hook: str) -> StopReason | None:
         f"the stopping policy's {hook} must return None or a StopReason, got "
         f"{type(answer).__name__} {answer!r}"
     )
+
+
+_ABSENT = object()
+
+# How the keys of the built-in samplers' descriptions (ClientSampler.describe) read.
+_SAMPLER_KEY_NAMES = {"num_clients": "number of clients"}
+_SAMPLER_KEYS_TOO_LONG_TO_SHOW = {"client_ids_sha256": "another set of client ids"}
+
+
+def _sampler_differences(saved: Any, current: Any) -> list[str]:
+    """What differs between two sampler descriptions, one phrase a difference."""
+    if not (isinstance(saved, dict) and isinstance(current, dict)):
+        if _equal(saved, current):
+            return []
+        return [f"the sampler description {saved!r} (this run: {current!r})"]
+    differences = []
+    for key in {**saved, **current}:
+        was, now = saved.get(key, _ABSENT), current.get(key, _ABSENT)
+        if _equal(was, now):
+            continue
+        if key in _SAMPLER_KEYS_TOO_LONG_TO_SHOW:
+            differences.append(_SAMPLER_KEYS_TOO_LONG_TO_SHOW[key])
+        else:
+            name = _SAMPLER_KEY_NAMES.get(key, key)
+            differences.append(f"{name}={_show(was)} (this run: {_show(now)})")
+    return differences
+
+
+def _equal(saved: Any, current: Any) -> bool:
+    """Whether two description values are equal; values that cannot tell are unequal."""
+    try:
+        return bool(saved == current)
+    except (TypeError, ValueError):  # e.g. arrays, whose == is elementwise
+        return False
+
+
+def _show(value: Any) -> str:
+    return "nothing" if value is _ABSENT else repr(value)
 
 
 def _is_int(value: object) -> bool:

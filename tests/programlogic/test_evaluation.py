@@ -1,4 +1,6 @@
 import datetime
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -6,10 +8,12 @@ import numpy as np
 import pytest
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager, ProgramStateManager
+from managers.state.file import FileProgramStateManager
 from programlogic import (
     EvaluationManager,
     LearningProcessOutput,
     LocalContext,
+    ResumeError,
     evaluate_once,
     train_model,
 )
@@ -31,17 +35,19 @@ class Store:
 
     def __init__(self) -> None:
         self.managers: dict[str, MemoryProgramStateManager] = {}
-        self.crash: tuple[str, int, bool] | None = None
+        self.crashing: CrashingStateManager | None = None
+        self.crashing_name = ""
 
     def crash_at(self, name: str, version: int, *, after_save: bool = False) -> None:
-        self.crash = (name, version, after_save)
+        inner = self.managers.setdefault(name, MemoryProgramStateManager())
+        self.crashing = CrashingStateManager(inner, version, after_save=after_save)
+        self.crashing_name = name
 
     def __call__(self, name: str) -> ProgramStateManager:
         inner = self.managers.setdefault(name, MemoryProgramStateManager())
-        if self.crash is not None and self.crash[0] == name:
-            _, version, after_save = self.crash
-            self.crash = None
-            return CrashingStateManager(inner, version, after_save=after_save)
+        if self.crashing is not None and name == self.crashing_name:
+            if not self.crashing.crashed:
+                return self.crashing
         return inner
 
     async def leftover(self) -> dict[str, list[int]]:
@@ -398,3 +404,165 @@ async def test_bad_arguments_are_rejected(
 ) -> None:
     with pytest.raises(error, match=message):
         Program().manager(**overrides)
+
+
+class Held(FakeLearningProcess):
+    """An evaluation process whose rounds wait until ``go`` is set; counts the running ones.
+
+    ``entered`` is set once a round has started waiting.
+    """
+
+    running = 0
+
+    def __init__(self, go: anyio.Event, entered: anyio.Event | None = None) -> None:
+        super().__init__()
+        self.go = go
+        self.entered = entered or anyio.Event()
+
+    async def next(self, state, clients):
+        Held.running += 1
+        self.entered.set()
+        try:
+            await self.go.wait()
+        finally:
+            Held.running -= 1
+        return await super().next(state, clients)
+
+
+def file_managers(root: Path) -> Callable[[str], ProgramStateManager]:
+    return lambda name: FileProgramStateManager(root / name, keep_total=2)
+
+
+async def assert_unlocked(root: Path) -> None:
+    """Every state directory under ``root`` can be opened by a new manager."""
+    for directory in sorted(path for path in root.iterdir() if path.is_dir()):
+        async with FileProgramStateManager(directory) as manager:
+            await manager.get_versions()
+
+
+def train(program: Program, manager: EvaluationManager, state: ProgramStateManager, **overrides):
+    arguments: dict[str, Any] = {
+        "train_process": FakeLearningProcess(),
+        "train_data_source": FakeDataSource(6),
+        "train_per_round_clients": 2,
+        "train_total_rounds": 4,
+        "program_state_manager": state,
+        "model_output_manager": MemoryReleaseManager(),
+        "evaluation_manager": manager,
+        "evaluation_periodicity": 2,
+        "clock": program.clock,
+    }
+    arguments.update(overrides)
+    return train_model(**arguments)
+
+
+async def test_a_crashed_program_reruns_in_the_same_process_on_the_same_directories(
+    tmp_path: Path,
+) -> None:
+    reference = Program(duration=datetime.timedelta(0))  # one evaluation round each
+    async with LocalContext():
+        await train(reference, reference.manager(), MemoryProgramStateManager())
+
+    program = Program(duration=datetime.timedelta(0))
+    evaluation_files = file_managers(tmp_path / "evaluation")
+    crashed = program.manager(create_state_manager_fn=evaluation_files)
+    async with LocalContext(), FileProgramStateManager(tmp_path / "training") as state:
+        with pytest.raises(SimulatedCrash):
+            await train(program, crashed, CrashingStateManager(state, 3))
+    # The crashed manager is still referenced (a notebook's traceback holds it), and no
+    # garbage collection ran: a new manager on the same directories must work.
+    rerun = program.manager(create_state_manager_fn=evaluation_files)
+    async with LocalContext(), FileProgramStateManager(tmp_path / "training") as state:
+        await train(program, rerun, state)
+    assert program.aggregated.values() == reference.aggregated.values()
+    await assert_unlocked(tmp_path / "evaluation")
+
+    # Continuing the finished run, the earlier managers still referenced.
+    again = program.manager(create_state_manager_fn=evaluation_files)
+    async with LocalContext(), FileProgramStateManager(tmp_path / "training") as state:
+        await train(program, again, state, train_total_rounds=6)
+    assert crashed is not rerun is not again
+    await assert_unlocked(tmp_path / "evaluation")
+
+
+async def test_an_evaluation_releases_its_state_directory_when_it_fails(tmp_path: Path) -> None:
+    class Failing(FakeLearningProcess):
+        async def next(self, state, clients):
+            raise ArithmeticError("evaluation diverged")
+
+    program = Program()
+    manager = program.manager(
+        create_state_manager_fn=file_managers(tmp_path),
+        create_process_fn=lambda name: (Failing(), MemoryReleaseManager()),
+    )
+    async with LocalContext():
+        await manager.start_evaluation(1, program.now(), np.zeros(2))
+        with pytest.raises(ArithmeticError):
+            await manager.wait_for_evaluations_to_finish()
+        await assert_unlocked(tmp_path)
+    async with FileProgramStateManager(tmp_path / "evaluation_of_round_1") as state:
+        assert await state.get_versions() == [0]  # kept for a resume
+
+
+async def test_closing_the_manager_stops_its_evaluations_and_a_new_one_resumes_them(
+    tmp_path: Path,
+) -> None:
+    program = Program()
+    go = anyio.Event()
+    entered = {name: anyio.Event() for name in ("evaluation_of_round_1", "evaluation_of_round_2")}
+
+    def held(name: str):
+        return Held(go, entered[name]), program.per_round.setdefault(name, MemoryReleaseManager())
+
+    async with LocalContext() as context:
+        async with program.manager(
+            create_state_manager_fn=file_managers(tmp_path), create_process_fn=held
+        ) as manager:
+            await manager.start_evaluation(1, program.now(), np.zeros(2))
+            await manager.start_evaluation(2, program.now(), np.ones(2))
+            for event in entered.values():
+                await event.wait()
+            assert Held.running == 2
+        assert Held.running == 0 and context.background.running == 0
+        await assert_unlocked(tmp_path)
+
+        go.set()
+        async with program.manager(create_state_manager_fn=file_managers(tmp_path)) as resumed:
+            await resumed.resume_from_previous_state()
+            assert resumed.in_flight == manager.in_flight
+            await resumed.wait_for_evaluations_to_finish()
+    assert sorted(program.aggregated.values()) == [1, 2]
+    await assert_unlocked(tmp_path)
+
+
+async def test_a_failed_train_model_leaves_no_evaluation_running(tmp_path: Path) -> None:
+    program = Program()
+    go = anyio.Event()
+    manager = program.manager(
+        create_state_manager_fn=file_managers(tmp_path / "evaluation"),
+        create_process_fn=lambda name: (Held(go), MemoryReleaseManager()),
+    )
+    async with LocalContext() as context:
+        with pytest.raises(SimulatedCrash):
+            state = CrashingStateManager(MemoryProgramStateManager(), 3)
+            await train(program, manager, state)
+        assert Held.running == 0 and context.background.running == 0
+        await assert_unlocked(tmp_path / "evaluation")
+    assert manager.in_flight == {0: program.now(), 2: program.now()}
+
+
+async def test_a_refused_resume_resumes_no_evaluation() -> None:
+    program = Program()
+    program.store.crash_at("evaluation_of_round_0", 1, after_save=True)
+    training = MemoryProgramStateManager()
+    async with LocalContext():
+        with pytest.raises(SimulatedCrash):
+            await train(program, program.manager(), training)
+    sampled = dict(program.sampled)
+    async with LocalContext() as context:
+        with pytest.raises(ResumeError, match="seed=0 \\(this run: 1\\)"):
+            await train(program, program.manager(), training, seed=1)
+        assert context.background.running == 0
+    assert program.sampled == sampled
+    versions = await program.store.managers["evaluation_of_round_0"].get_versions()
+    assert versions[-1] == 1  # still there for a resume with the right configuration

@@ -34,6 +34,23 @@ async def test_several_failures_in_a_task_group_surface_together() -> None:
     assert kinds == ["IndexError", "KeyError"]
 
 
+@pytest.mark.parametrize("where", ["task", "block"])
+async def test_an_exception_group_a_task_raises_itself_comes_back_whole(where: str) -> None:
+    error = ExceptionGroup("the task's own", [KeyError("a")])
+
+    async def fail() -> None:
+        raise error
+
+    with pytest.raises(ExceptionGroup) as caught:
+        async with task_group() as group:
+            group.start_soon(anyio.sleep_forever)
+            if where == "task":
+                group.start_soon(fail)
+            else:
+                await fail()
+    assert caught.value is error
+
+
 async def test_an_unwrapped_failure_keeps_its_own_cause() -> None:
     async def fail() -> None:
         try:
@@ -174,3 +191,12 @@ async def test_a_handle_of_a_successful_task_waits_for_it() -> None:
         task = tracker.start_soon(work)
         await task.wait()
         assert steps == ["done"] and task.done
+
+
+async def test_leaving_a_tracker_lets_the_blocks_own_exception_group_through_whole() -> None:
+    error = ExceptionGroup("the block's own", [KeyError("a")])
+    with pytest.raises(ExceptionGroup) as caught:
+        async with TaskTracker() as tracker:
+            tracker.start_soon(anyio.sleep_forever)
+            raise error
+    assert caught.value is error

@@ -1,5 +1,9 @@
+from __future__ import annotations
+
 import datetime
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -7,6 +11,7 @@ import numpy as np
 import pytest
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager, ReleaseManager
+from managers.state.file import FileProgramStateManager
 from programlogic import (
     InMemoryDataSource,
     LearningProcessOutput,
@@ -503,3 +508,107 @@ async def test_two_programs_run_concurrently_in_one_event_loop() -> None:
             group.start_soon(run.train)
     for run in runs:
         assert_same_outcome(run, reference)
+
+
+@pytest.mark.parametrize("failure", ["metrics release", "crash after a save"])
+async def test_with_state_on_disk_a_failure_fails_train_model_with_that_exception_alone(
+    tmp_path: Path, failure: str
+) -> None:
+    # The round loop used to get a BrokenResourceError handing the next round to the
+    # persister that had just failed; the caller saw both in an ExceptionGroup.
+    error = OSError("sink is down")
+    async with FileProgramStateManager(tmp_path / "state") as state:
+        if failure == "metrics release":
+            overrides: dict[str, Any] = {
+                "train_metrics_manager": FailingReleaseManager(error, on_key=2)
+            }
+        else:
+            overrides = {
+                "state_manager": CrashingStateManager(state, 2, after_save=True, error=error)
+            }
+        with pytest.raises(OSError) as caught:
+            await Run().train(**{"state_manager": state, **overrides})
+    assert caught.value is error
+
+
+async def test_an_exception_group_the_process_raises_itself_reaches_the_caller_whole() -> None:
+    error = ExceptionGroup("two clients diverged", [ArithmeticError("client 1")])
+
+    class Diverging(FakeLearningProcess):
+        async def next(self, state, clients):
+            if state["rounds"] == 2:
+                raise error
+            return await super().next(state, clients)
+
+    with pytest.raises(ExceptionGroup) as caught:
+        await Run().train(train_process=Diverging())
+    assert caught.value is error
+
+
+class DescribedSource:
+    """A data source of its own whose sampler describes itself in its own way."""
+
+    def __init__(self, description: Any) -> None:
+        self.inner = FakeDataSource(10)
+        self.description = description
+
+    @property
+    def client_ids(self) -> list[str]:
+        return self.inner.client_ids
+
+    def iterator(self, seed: int) -> DescribedSource.Sampler:
+        return DescribedSource.Sampler(self.inner.iterator(seed), self.description)
+
+    class Sampler:
+        def __init__(self, inner: Any, description: Any) -> None:
+            self.inner, self.description = inner, description
+
+        def select(self, k: int, round_num: int) -> list[Any]:
+            return self.inner.select(k, round_num)
+
+        def describe(self) -> Any:
+            return self.description
+
+
+@pytest.mark.parametrize(
+    "description",
+    [{"dataset": "shards", "version": 2}, "shards-v2", ["shards", 2]],
+    ids=["dict", "str", "list"],
+)
+async def test_a_data_source_describing_itself_its_own_way_resumes(description: Any) -> None:
+    reference = Run()
+    await reference.train(train_data_source=DescribedSource(description))
+    run = Run()
+    with pytest.raises(SimulatedCrash):
+        await run.train(
+            state_manager=CrashingStateManager(run.state, 3),
+            train_data_source=DescribedSource(description),
+        )
+    result = await run.train(train_data_source=DescribedSource(description))
+    assert result.resumed_from == 2
+    assert_same_outcome(run, reference)
+
+
+@pytest.mark.parametrize(
+    ("saved", "current", "named"),
+    [
+        (
+            {"dataset": "shards", "version": 2, "split": "train"},
+            {"dataset": "shards", "version": 3, "split": "test"},
+            "version=2 (this run: 3), split='train' (this run: 'test')",
+        ),
+        (
+            {"dataset": "shards"},
+            {"dataset": "shards", "version": 3},
+            "version=nothing (this run: 3)",
+        ),
+        ("shards-v2", "shards-v3", "the sampler description 'shards-v2' (this run: 'shards-v3')"),
+    ],
+)
+async def test_resuming_with_another_description_names_the_keys_that_differ(
+    saved: Any, current: Any, named: str
+) -> None:
+    run = Run()
+    await run.train(train_total_rounds=3, train_data_source=DescribedSource(saved))
+    with pytest.raises(ResumeError, match=re.escape(named)):
+        await run.train(train_data_source=DescribedSource(current))
