@@ -90,6 +90,14 @@ class Preprocessing:
                     f"got {self.feature_shape!r}"
                 )
 
+    def for_evaluation(self) -> Preprocessing:
+        """The preprocessing that evaluates what this one trains on.
+
+        Same ``feature_shape`` and ``batch_size``, one epoch, no shuffle: every example
+        once, shaped as the model trained on it expects.
+        """
+        return dataclasses.replace(self, epochs=1, shuffle_buffer=0)
+
     def __call__(self, data: ClientArrays, seed: int) -> ClientBatches:
         """The batches of one client's ``data``, shuffled with ``seed`` (an int >= 0)."""
         examples = self.examples(data)

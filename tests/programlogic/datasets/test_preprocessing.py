@@ -148,3 +148,13 @@ async def test_client_seed_is_the_documented_hash() -> None:
     # sha256(b"0/1/a") starts 62 de 5a b5 ca 71 36 89: little endian 0x893671cab55ade62,
     # whose top bit is cleared
     assert client_seed(0, 1, "a") == 0x093671CAB55ADE62
+
+
+async def test_the_evaluation_preprocessing_keeps_shape_and_batch_size() -> None:
+    training = Preprocessing(epochs=5, batch_size=7, shuffle_buffer=100, feature_shape=(4,))
+    evaluation = training.for_evaluation()
+    assert evaluation == Preprocessing(epochs=1, batch_size=7, shuffle_buffer=0, feature_shape=(4,))
+    data = ClientArrays(np.arange(40, dtype=np.float32).reshape(10, 2, 2), np.arange(10))
+    batches = evaluation(data, seed=3)
+    assert batches.x.shape == (2, 7, 4)
+    assert batches.y[batches.mask == 1].tolist() == list(range(10))
