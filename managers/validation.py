@@ -227,7 +227,7 @@ def _bounds(
     minimum: object = None, maximum: object = None, above: object = None, below: object = None
 ) -> str:
     parts = [
-        f"{symbol} {bound}"
+        f"{symbol} {0 if bound == datetime.timedelta(0) else bound}"
         for symbol, bound in ((">=", minimum), (">", above), ("<=", maximum), ("<", below))
         if bound is not None
     ]
