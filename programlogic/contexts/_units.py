@@ -21,7 +21,7 @@ __all__ = ["check_group_size", "compute_unit", "split_units"]
 
 
 def check_group_size(group_size: object) -> None:
-    """Raise unless ``group_size`` is None or an int >= 1 (see :mod:`managers.validation`)."""
+    """Raise unless ``group_size`` is None or an int >= 1 (TypeError or ValueError)."""
     check_int("group_size", group_size, minimum=1, allow_none=True)
 
 

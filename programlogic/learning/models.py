@@ -9,15 +9,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from managers.validation import check_choice, check_int, check_type
 from programlogic.learning._tensorflow import keras
 
 __all__ = ["MODELS", "build_model", "cnn", "mlp", "softmax_regression"]
 
 
 def _check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
+    check_type("input_shape", input_shape, (tuple, list))
     shape = tuple(input_shape)
-    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
-        raise ValueError(f"input_shape must be positive ints, got {input_shape!r}")
+    if not shape:
+        raise ValueError(f"input_shape must hold at least one size, got {input_shape!r}")
+    for index, size in enumerate(shape):
+        check_int(f"input_shape[{index}]", size, minimum=1)
     return shape
 
 
@@ -96,6 +100,5 @@ MODELS = {"softmax": softmax_regression, "mlp": mlp, "cnn": cnn}
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int = 10) -> keras.Model:
     """The model ``name`` (a key of :data:`MODELS`) for inputs of ``input_shape``."""
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
+    check_choice("model", name, MODELS)
     return MODELS[name](input_shape, num_classes)
