@@ -132,7 +132,7 @@ async def test_fake_data_source_is_deterministic() -> None:
     same = next(h for h in second.iterator(0).select(4, 1) if h == handle)
     assert (handle.load() == same.load()).all()
     assert handle.load().shape == (5, 3)
-    with pytest.raises(ValueError, match="num_clients must be a positive int"):
+    with pytest.raises(ValueError, match="num_clients must be an int >= 1, got 0"):
         FakeDataSource(0)
 
 
