@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from managers.state.base import ProgramStateManager
-from managers.validation import check_int, check_interface, check_number, check_timedelta
+from managers.validation import (
+    check_int,
+    check_interface,
+    check_number,
+    check_timedelta,
+    check_type,
+)
 from programlogic.context import get_context
 from programlogic.data import ClientHandle, InMemoryDataSource, Sampling
 from programlogic.process import LearningProcessOutput
