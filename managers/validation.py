@@ -30,6 +30,7 @@ __all__ = [
     "check_interface",
     "check_number",
     "check_path",
+    "check_shape",
     "check_str",
     "check_timedelta",
     "check_type",
@@ -221,6 +222,28 @@ def check_path(name: str, value: Any, *, allow_none: bool = False) -> Any:
     if not path:
         raise ValueError(f"{name} must be a non-empty path, got {value!r}")
     return Path(path)
+
+
+def check_shape(
+    name: str, value: Any, *, allow_empty: bool = True, allow_none: bool = False
+) -> Any:
+    """``value`` as a tuple if it is a tuple or list of ints >= 1 (an array shape).
+
+    TypeError when it is not a tuple or list, or holds something other than ints;
+    ValueError when a size is below 1, or when it is empty and ``allow_empty`` is False.
+    """
+    if value is None and allow_none:
+        return value
+    expected = (
+        ("a non-empty" if not allow_empty else "a") + " tuple of ints >= 1" + _or_none(allow_none)
+    )
+    if not isinstance(value, tuple | list) or any(
+        isinstance(size, bool) or not isinstance(size, int) for size in value
+    ):
+        raise TypeError(f"{name} must be {expected}, got {describe(value)}")
+    if any(size < 1 for size in value) or (not value and not allow_empty):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return tuple(value)
 
 
 def _bounds(

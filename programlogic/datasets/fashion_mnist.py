@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from managers.validation import check_int, check_number, check_path
+from managers.validation import check_choice, check_int, check_number, check_path
 from programlogic.data import InMemoryDataSource, Sampling
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 from programlogic.datasets.partition import dirichlet_partition
@@ -64,6 +64,7 @@ def load_fashion_mnist(
     check_number("alpha", alpha, above=0, finite=True)
     check_int("num_test_clients", num_test_clients, minimum=1)
     check_int("seed", seed, minimum=0)
+    check_choice("sampling", sampling, Sampling)
     directory = check_path("path", DEFAULT_FASHION_MNIST_PATH if path is None else path)
     train_x, train_y, test_x, test_y = _read(directory)
     if num_test_clients > test_y.size:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from managers.validation import check_int, check_type
+from managers.validation import check_int, check_shape, check_type
 from programlogic.datasets.arrays import ClientArrays
 
 __all__ = ["BatchOrder", "ClientBatches", "Preprocessing", "client_seed"]
@@ -77,8 +77,7 @@ class Preprocessing:
         check_int("batch_size", self.batch_size, minimum=1)
         check_int("shuffle_buffer", self.shuffle_buffer, minimum=0)
         check_type("feature_shape", self.feature_shape, tuple, allow_none=True)
-        for index, size in enumerate(self.feature_shape or ()):
-            check_int(f"feature_shape[{index}]", size, minimum=1)
+        check_shape("feature_shape", self.feature_shape, allow_none=True)
 
     def for_evaluation(self) -> Preprocessing:
         """The preprocessing that evaluates what this one trains on.

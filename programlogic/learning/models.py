@@ -9,20 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from managers.validation import check_choice, check_int, check_type
+from managers.validation import check_choice, check_shape
 from programlogic.learning._tensorflow import keras
 
 __all__ = ["MODELS", "build_model", "cnn", "mlp", "softmax_regression"]
 
 
 def _check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
-    check_type("input_shape", input_shape, (tuple, list))
-    shape = tuple(input_shape)
-    if not shape:
-        raise ValueError(f"input_shape must hold at least one size, got {input_shape!r}")
-    for index, size in enumerate(shape):
-        check_int(f"input_shape[{index}]", size, minimum=1)
-    return shape
+    return check_shape("input_shape", input_shape, allow_empty=False)
 
 
 def softmax_regression(input_shape: Sequence[int], num_classes: int = 10) -> keras.Model:
@@ -100,5 +94,5 @@ MODELS = {"softmax": softmax_regression, "mlp": mlp, "cnn": cnn}
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int = 10) -> keras.Model:
     """The model ``name`` (a key of :data:`MODELS`) for inputs of ``input_shape``."""
-    check_choice("model", name, MODELS)
+    check_choice("name", name, MODELS)
     return MODELS[name](input_shape, num_classes)

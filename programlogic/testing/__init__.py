@@ -22,6 +22,7 @@ import numpy as np
 
 from managers.state.base import ProgramStateManager
 from managers.validation import (
+    check_bool,
     check_int,
     check_interface,
     check_number,
@@ -193,6 +194,10 @@ class CrashingStateManager(ProgramStateManager):
         after_save: bool = False,
         error: BaseException | None = None,
     ) -> None:
+        check_type("inner", inner, ProgramStateManager)
+        check_int("crash_on_version", crash_on_version, minimum=0)
+        check_bool("after_save", after_save)
+        check_type("error", error, BaseException, allow_none=True)
         self.inner = inner
         self.crash_on_version = crash_on_version
         self.after_save = after_save

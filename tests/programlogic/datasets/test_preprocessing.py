@@ -122,7 +122,7 @@ async def test_an_empty_client_gives_no_batches() -> None:
             TypeError,
             r"feature_shape must be a tuple or None, got list \[784\]",
         ),
-        ({"feature_shape": (0,)}, ValueError, r"feature_shape\[0\] must be an int >= 1, got 0"),
+        ({"feature_shape": (0,)}, ValueError, r"feature_shape must be .* >= 1 or None, got \(0,\)"),
     ],
 )
 async def test_bad_settings_are_refused(arguments: dict, error: type, message: str) -> None:
