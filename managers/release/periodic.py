@@ -106,9 +106,9 @@ class PeriodicReleaseManager(ReleaseManager):
             if timedelta(0) <= elapsed < self._periodicity:
                 return False
         if self._state_manager is not None:
+            self._version += 1  # before the save: a cancelled save may have saved it
             record = {"time_us": _microseconds(now), "key": key}
-            await self._state_manager.save(record, self._version + 1)
-            self._version += 1
+            await self._state_manager.save(record, self._version)
         self._last_time = now
         self._last_key = key
         return True
