@@ -207,6 +207,12 @@ def probes() -> list[Probe]:
             [("root_dir", 7, TypeError)],
         ),
         (
+            "TensorBoardReleaseManager",
+            managers.TensorBoardReleaseManager,
+            lambda: {"summary_dir": "runs"},
+            [("summary_dir", 1.5, TypeError), ("summary_dir", "", ValueError)],
+        ),
+        (
             "check_key",
             managers.check_key,
             lambda: {"key": 1},
@@ -448,6 +454,14 @@ def probes() -> list[Probe]:
             [("input_shape", (0,), ValueError), ("input_shape", 784, TypeError)],
         ),
         (
+            "FunctionalModel",
+            lambda **arguments: importlib.import_module(
+                "programlogic.learning.keras_model"
+            ).FunctionalModel(**arguments),
+            lambda: {"model_fn": small_model, "loss": None},
+            [("model_fn", "softmax", TypeError), ("loss", "mse", TypeError)],
+        ),
+        (
             "build_model",
             lambda **arguments: learning().build_model(**arguments),
             lambda: {"input_shape": (4,)},
@@ -495,6 +509,8 @@ PROBES = probes()
 async def test_a_wrong_argument_raises_naming_the_argument_and_the_value(probe: Probe) -> None:
     if probe.target == "RayContext":
         pytest.importorskip("ray")
+    if probe.target == "TensorBoardReleaseManager":
+        pytest.importorskip("tensorboardX")
     arguments = {**probe.valid, probe.argument: probe.bad}
     with pytest.raises(Exception) as raised:
         result = probe.call(**arguments)
