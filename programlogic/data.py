@@ -148,7 +148,7 @@ class ClientSampler:
         check_int("seed", seed, minimum=0)
         self._handles = sorted(handles)
         if not self._handles:
-            raise ValueError("a data source needs at least one client")
+            raise ValueError(f"handles must hold at least one client, got {handles!r}")
         self._seed = seed
         self._sampling = check_choice("sampling", sampling, Sampling)
 
@@ -204,7 +204,7 @@ class HandleDataSource:
         self._sampling = check_choice("sampling", sampling, Sampling)
         self._handles = list(handles)
         if not self._handles:
-            raise ValueError("a data source needs at least one client")
+            raise ValueError(f"handles must hold at least one client, got {handles!r}")
 
     @property
     def client_ids(self) -> list[str]:
@@ -232,7 +232,7 @@ class InMemoryDataSource(HandleDataSource):
     def __init__(self, clients: Mapping[str, Any], *, sampling: Sampling | str = Sampling.UNIFORM):
         check_type("clients", clients, Mapping)
         if not clients:
-            raise ValueError("clients must hold at least one client, got an empty mapping")
+            raise ValueError(f"clients must hold at least one client, got {describe(clients)}")
         for client_id in clients:
             if not isinstance(client_id, str):
                 raise TypeError(f"client ids must be str, got {describe(client_id)}")

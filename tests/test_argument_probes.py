@@ -230,9 +230,16 @@ def probes() -> list[Probe]:
             lambda: {"clients": {"a": 1}},
             [
                 ("clients", [("a", 1)], TypeError),
+                ("clients", {}, ValueError),
                 ("sampling", "often", ValueError),
                 ("sampling", 3, TypeError),
             ],
+        ),
+        (
+            "HandleDataSource",
+            programlogic.HandleDataSource,
+            lambda: {"handles": [programlogic.ClientHandle("a", list)]},
+            [("handles", [], ValueError), ("sampling", "often", ValueError)],
         ),
         ("source.iterator", iterator, dict, [("seed", -1, ValueError), ("seed", "0", TypeError)]),
         (
