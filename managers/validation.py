@@ -3,7 +3,8 @@
 Every check raises ``TypeError`` when the argument has the wrong type and
 ``ValueError`` when it has the right type but a wrong value; the message is one
 sentence naming the argument and the value found, e.g. ``keep_total must be an int >= 1
-or None, got 0``. ``bool`` is not accepted where an ``int`` or a number is expected.
+or None, got 0``. ``bool`` is not accepted where an ``int`` or a number is expected,
+nor a NumPy integer where an ``int`` is (pass ``int(n)``); NumPy floats are numbers.
 Each check returns the value, so a constructor can check and store in one line::
 
     self._keep_total = check_int("keep_total", keep_total, minimum=1, allow_none=True)
