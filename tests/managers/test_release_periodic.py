@@ -210,3 +210,24 @@ async def test_a_state_manager_needs_a_timedelta_periodicity():
         PeriodicReleaseManager(MemoryReleaseManager(), 5, state_manager=state)
     with pytest.raises(TypeError, match=r"state_manager must be a ProgramStateManager or None"):
         PeriodicReleaseManager(MemoryReleaseManager(), timedelta(1), state_manager="state")
+
+
+async def test_a_release_that_failed_after_its_time_was_saved_passes_again_after_a_restart():
+    class Failing(MemoryReleaseManager):
+        async def release(self, value: Any, key: Any) -> None:
+            raise OSError("disk full")
+
+    clock, state = FakeClock(), MemoryProgramStateManager()
+    first = PeriodicReleaseManager(
+        Failing(), timedelta(minutes=10), clock=clock, state_manager=state
+    )
+    with pytest.raises(OSError, match="disk full"):
+        await first.release("r1", 1)
+    clock.advance(minutes=1)
+    memory = MemoryReleaseManager()
+    restarted = PeriodicReleaseManager(
+        memory, timedelta(minutes=10), clock=clock, state_manager=state
+    )
+    await restarted.release("r1 replayed", 1)
+    await restarted.release("r2", 2)
+    assert memory.values() == {1: "r1 replayed"}
