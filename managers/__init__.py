@@ -25,6 +25,7 @@ from managers.release import (
     PeriodicReleaseManager,
     ReleaseKey,
     ReleaseManager,
+    check_key,
 )
 from managers.release.tensorboard import TensorBoardReleaseManager
 from managers.serialization import SerializationError
@@ -61,5 +62,6 @@ __all__ = [
     "VersionError",
     "VersionExistsError",
     "VersionNotFoundError",
+    "check_key",
     "materialize",
 ]

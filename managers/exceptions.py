@@ -5,7 +5,11 @@
     ManagerError
      ├── VersionError (also ValueError)        a version that cannot be saved
      │    └── VersionExistsError               the version was saved before
-     └── VersionNotFoundError (also LookupError)  no saved state under that version
+     ├── VersionNotFoundError (also LookupError)  no saved state under that version
+     ├── StateDirectoryLockedError             another manager uses the state directory
+     │                                         (managers.state.file)
+     └── SerializationError                    stored bytes that cannot be decoded
+                                               (managers.serialization)
 
 Errors raised by a value being released or saved (a leaf that cannot be stored, a
 failing value reference) and operating-system errors (a full disk) are not wrapped:

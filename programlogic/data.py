@@ -18,6 +18,15 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from managers.validation import (
+    check_callable,
+    check_choice,
+    check_int,
+    check_str,
+    check_type,
+    describe,
+)
+
 __all__ = [
     "ClientHandle",
     "ClientSampler",
@@ -41,10 +50,8 @@ class ClientHandle:
     __slots__ = ("_loader", "client_id")
 
     def __init__(self, client_id: str, loader: Callable[[], Any]) -> None:
-        if not isinstance(client_id, str):
-            raise TypeError(f"client_id must be a str, got {type(client_id).__name__}")
-        if not callable(loader):
-            raise TypeError(f"loader must be callable, got {type(loader).__name__}")
+        check_str("client_id", client_id)
+        check_callable("loader", loader)
         self.client_id = client_id
         self._loader = loader
 
@@ -138,27 +145,22 @@ class ClientSampler:
         seed: int,
         sampling: Sampling | str = Sampling.UNIFORM,
     ) -> None:
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        check_int("seed", seed, minimum=0)
         self._handles = sorted(handles)
         if not self._handles:
-            raise ValueError("a data source needs at least one client")
+            raise ValueError(f"handles must hold at least one client, got {handles!r}")
         self._seed = seed
-        self._sampling = Sampling(sampling)
+        self._sampling = check_choice("sampling", sampling, Sampling)
 
     def select(self, k: int, round_num: int) -> list[ClientHandle]:
-        if not isinstance(k, int) or isinstance(k, bool):
-            raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-        if k <= 0:
-            raise ValueError(f"k must be at least 1 client per round, got {k}")
+        check_int("k", k, minimum=1)
+        check_int("round_num", round_num, minimum=0)
         count = len(self._handles)
         if k > count and self._sampling is not Sampling.WITH_REPLACEMENT:
             raise ValueError(
                 f"cannot select {k} distinct clients from {count} clients; "
                 f"lower k or sample with replacement"
             )
-        if not isinstance(round_num, int) or isinstance(round_num, bool) or round_num < 0:
-            raise ValueError(f"round_num must be an int >= 0, got {round_num!r}")
         stream = "fixed" if self._sampling is Sampling.FIXED else str(round_num)
         words = _random_words(f"{self._seed}/{stream}", k)
         handles = self._handles
@@ -199,14 +201,10 @@ class HandleDataSource:
     def __init__(
         self, handles: Sequence[ClientHandle], *, sampling: Sampling | str = Sampling.UNIFORM
     ) -> None:
-        try:
-            self._sampling = Sampling(sampling)
-        except ValueError:
-            choices = ", ".join(repr(str(mode)) for mode in Sampling)
-            raise ValueError(f"sampling must be one of {choices}, got {sampling!r}") from None
+        self._sampling = check_choice("sampling", sampling, Sampling)
         self._handles = list(handles)
         if not self._handles:
-            raise ValueError("a data source needs at least one client")
+            raise ValueError(f"handles must hold at least one client, got {handles!r}")
 
     @property
     def client_ids(self) -> list[str]:
@@ -232,17 +230,12 @@ class InMemoryDataSource(HandleDataSource):
     """
 
     def __init__(self, clients: Mapping[str, Any], *, sampling: Sampling | str = Sampling.UNIFORM):
-        if not isinstance(clients, Mapping):
-            raise TypeError(
-                f"clients must be a mapping of client id to data, got {type(clients).__name__}"
-            )
+        check_type("clients", clients, Mapping)
         if not clients:
-            raise ValueError("clients must hold at least one client")
+            raise ValueError(f"clients must hold at least one client, got {describe(clients)}")
         for client_id in clients:
             if not isinstance(client_id, str):
-                raise TypeError(
-                    f"client ids must be str, got {type(client_id).__name__} {client_id!r}"
-                )
+                raise TypeError(f"client ids must be str, got {describe(client_id)}")
         self._clients = ClientTable(clients)
         super().__init__(
             [TableLoader(self._clients, client_id).handle() for client_id in clients],

@@ -14,6 +14,13 @@ import anyio
 
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
+from managers.validation import (
+    check_callable,
+    check_int,
+    check_interface,
+    check_timedelta,
+    describe,
+)
 from managers.values import materialize
 from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
@@ -97,28 +104,17 @@ class EvaluationManager:
         max_concurrent: int | None = None,
         seed: int = 0,
     ) -> None:
-        if not callable(getattr(data_source, "iterator", None)):
-            raise TypeError(
-                f"data_source must be a FederatedDataSource, got {type(data_source).__name__}"
-            )
-        if not callable(getattr(aggregated_metrics_manager, "release", None)):
-            raise TypeError(
-                "aggregated_metrics_manager must be a ReleaseManager, got "
-                f"{type(aggregated_metrics_manager).__name__}"
-            )
-        for name, fn in (
-            ("create_state_manager_fn", create_state_manager_fn),
-            ("create_process_fn", create_process_fn),
-        ):
-            if not callable(fn):
-                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-        _check_positive_int("cohort_size", cohort_size)
-        if not isinstance(duration, datetime.timedelta) or duration < datetime.timedelta(0):
-            raise ValueError(f"duration must be a timedelta >= 0, got {duration!r}")
-        if max_concurrent is not None:
-            _check_positive_int("max_concurrent", max_concurrent)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        check_interface("data_source", data_source, "FederatedDataSource", ["iterator"])
+        check_interface(
+            "aggregated_metrics_manager", aggregated_metrics_manager, "ReleaseManager", ["release"]
+        )
+        check_callable("create_state_manager_fn", create_state_manager_fn)
+        check_callable("create_process_fn", create_process_fn)
+        check_int("cohort_size", cohort_size, minimum=1)
+        check_timedelta("duration", duration, minimum=datetime.timedelta(0))
+        check_interface("clock", clock, "Clock", ["now"], allow_none=True)
+        check_int("max_concurrent", max_concurrent, minimum=1, allow_none=True)
+        check_int("seed", seed, minimum=0)
         data_source.iterator(0).select(cohort_size, 0)  # a ValueError if too large
         self._data_source = data_source
         self._aggregated = aggregated_metrics_manager
@@ -184,7 +180,7 @@ class EvaluationManager:
         Returns once the bookkeeping and the evaluation's initial state are saved and
         the loop has started. ``start_timestamp`` (int seconds) fixes the deadline.
         """
-        _check_positive_int("train_round", train_round, lowest=0)
+        check_int("train_round", train_round, minimum=0)
         async with self._guard():
             if train_round in self._in_flight or train_round in self._finished:
                 return
@@ -349,17 +345,10 @@ async def evaluate_once(
         if not callable(all_clients):
             raise TypeError(
                 "clients must be a sequence of ClientHandle or a data source with "
-                f"all_clients(), got {type(clients).__name__}"
+                f"all_clients(), got {describe(clients)}"
             )
         clients = all_clients()
     initial = await as_async(process.initialize)()
     state = await as_async(process.set_model_weights)(initial, model_weights)
     output = await as_async(process.next)(state, sorted(clients))
     return await materialize(output.metrics)
-
-
-def _check_positive_int(name: str, value: object, lowest: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < lowest:
-        raise ValueError(f"{name} must be >= {lowest}, got {value}")

@@ -9,6 +9,8 @@
      ├── ClusterConnectionError (also ConnectionError) the cluster of a context is gone
      └── ResumeError (also ValueError)                a checkpoint written by another config
 
+    SimulatedCrash (programlogic.testing)            the crash a testing fake injects
+
 Errors of the managers layer are in :mod:`managers.exceptions`. Exceptions raised by
 user code (a learning process, a release manager) propagate unchanged, except inside
 client work, where :class:`ClientError` adds which client failed and keeps the

@@ -18,6 +18,8 @@ import anyio
 import anyio.from_thread
 import sniffio
 
+from managers.validation import check_choice
+
 __all__ = ["run"]
 
 logger = logging.getLogger(__name__)
@@ -51,9 +53,11 @@ def run(program: Coroutine[Any, Any, T], *, backend: Literal["asyncio", "trio"] 
     if not inspect.iscoroutine(program):
         hint = " (call it: pass main(), not main)" if inspect.iscoroutinefunction(program) else ""
         raise TypeError(f"program must be a coroutine, got {type(program).__name__}{hint}")
-    if backend not in _BACKENDS:
+    try:
+        check_choice("backend", backend, _BACKENDS)
+    except (TypeError, ValueError):
         program.close()
-        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+        raise
     if not _loop_running():
         return anyio.run(_await, program, backend=backend)
     logger.debug("an event loop runs in this thread; running the program on a thread of its own")

@@ -24,7 +24,6 @@ evaluation before the next round starts::
 from __future__ import annotations
 
 import abc
-import math
 import statistics
 from typing import Any, ClassVar, final
 
@@ -34,6 +33,7 @@ from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.release.grouping import GroupingReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.structure import flatten
+from managers.validation import check_choice, check_int, check_interface, check_number, check_str
 from managers.values import materialize
 
 __all__ = [
@@ -182,12 +182,8 @@ class MetricStoppingPolicy(StoppingPolicy, ReleaseManager):
     """The reason this policy stops with."""
 
     def __init__(self, metric: str, state_manager: ProgramStateManager) -> None:
-        if not isinstance(metric, str) or not metric:
-            raise TypeError(f"metric must be a non-empty path str, got {metric!r}")
-        if not callable(getattr(state_manager, "save", None)):
-            raise TypeError(
-                f"state_manager must be a ProgramStateManager, got {type(state_manager).__name__}"
-            )
+        check_str("metric", metric, allow_empty=False)
+        check_interface("state_manager", state_manager, "ProgramStateManager", ["save"])
         self.metric = metric
         self._state_manager = state_manager
         self._results: dict[int, float] | None = None
@@ -259,14 +255,9 @@ class SpeechTrainerStopping(MetricStoppingPolicy):
         std_threshold: float = 1e-3,
     ) -> None:
         super().__init__(metric, state_manager)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-            raise ValueError(f"window must be an int >= 2, got {window!r}")
-        for name, threshold in (
-            ("mean_threshold", mean_threshold),
-            ("std_threshold", std_threshold),
-        ):
-            if not isinstance(threshold, int | float) or threshold < 0 or math.isnan(threshold):
-                raise ValueError(f"{name} must be a number >= 0, got {threshold!r}")
+        check_int("window", window, minimum=2)
+        check_number("mean_threshold", mean_threshold, minimum=0)
+        check_number("std_threshold", std_threshold, minimum=0)
         self.window = window
         self.mean_threshold = mean_threshold
         self.std_threshold = std_threshold
@@ -300,12 +291,9 @@ class PatienceStopping(MetricStoppingPolicy):
         min_delta: float = 0.0,
     ) -> None:
         super().__init__(metric, state_manager)
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience must be an int >= 1, got {patience!r}")
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if not isinstance(min_delta, int | float) or min_delta < 0:
-            raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
+        check_int("patience", patience, minimum=1)
+        check_choice("mode", mode, ("min", "max"))
+        check_number("min_delta", min_delta, minimum=0)
         self.patience = patience
         self.mode = mode
         self.min_delta = min_delta

@@ -14,6 +14,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
+from managers.validation import (
+    check_bool,
+    check_int,
+    check_interface,
+    check_timedelta,
+    describe,
+)
 from managers.values import materialize
 from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
@@ -508,85 +515,58 @@ def _show(value: Any) -> str:
     return "nothing" if value is _ABSENT else repr(value)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_arguments(**arguments: Any) -> int | datetime.timedelta:
     """Validate ``train_model``'s arguments; returns the evaluation periodicity."""
-    process = arguments["train_process"]
-    missing = [
-        name
-        for name in ("initialize", "next", "get_model_weights", "set_model_weights")
-        if not callable(getattr(process, name, None))
-    ]
-    if missing:
-        raise TypeError(
-            f"train_process must be a LearningProcess; {type(process).__name__} has no "
-            f"{', '.join(missing)}"
-        )
-    source = arguments["train_data_source"]
-    if not callable(getattr(source, "iterator", None)):
-        raise TypeError(
-            f"train_data_source must be a FederatedDataSource (with an iterator(seed) method), "
-            f"got {type(source).__name__}"
-        )
-    for name in ("train_per_round_clients", "train_total_rounds", "seed"):
-        value = arguments[name]
-        if not _is_int(value):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    for name, lowest in (("train_per_round_clients", 1), ("train_total_rounds", 1), ("seed", 0)):
-        if arguments[name] < lowest:
-            raise ValueError(f"{name} must be >= {lowest}, got {arguments[name]}")
-    state_manager = arguments["program_state_manager"]
-    if not all(callable(getattr(state_manager, m, None)) for m in ("save", "load_latest")):
-        raise TypeError(
-            "program_state_manager must be a ProgramStateManager, got "
-            f"{type(state_manager).__name__}"
-        )
-    for name, optional in (
-        ("model_output_manager", False),
-        ("train_metrics_manager", True),
-    ):
-        manager = arguments[name]
-        if (manager is None and not optional) or (
-            manager is not None and not callable(getattr(manager, "release", None))
-        ):
-            raise TypeError(f"{name} must be a ReleaseManager, got {type(manager).__name__}")
-    evaluation_manager = arguments["evaluation_manager"]
-    if evaluation_manager is not None and not isinstance(
-        evaluation_manager, EvaluationManagerProtocol
-    ):
-        raise TypeError(
-            "evaluation_manager must have resume_from_previous_state, start_evaluation and "
-            f"wait_for_evaluations_to_finish, got {type(evaluation_manager).__name__}"
-        )
-    stopping = arguments["stopping"]
-    if stopping is not None and not all(
-        callable(getattr(stopping, hook, None)) for hook in ("before_round", "after_evaluation")
-    ):
-        raise TypeError(
-            "stopping must be a StoppingPolicy (with before_round and after_evaluation), got "
-            f"{type(stopping).__name__}"
-        )
-    if not isinstance(arguments["stopping_waits_for_evaluations"], bool):
-        raise TypeError(
-            "stopping_waits_for_evaluations must be a bool, got "
-            f"{arguments['stopping_waits_for_evaluations']!r}"
-        )
-    clock = arguments["clock"]
-    if clock is not None and not callable(getattr(clock, "now", None)):
-        raise TypeError(f"clock must have a now() method, got {type(clock).__name__}")
+    check_interface(
+        "train_process",
+        arguments["train_process"],
+        "LearningProcess",
+        ["initialize", "next", "get_model_weights", "set_model_weights"],
+    )
+    check_interface(
+        "train_data_source", arguments["train_data_source"], "FederatedDataSource", ["iterator"]
+    )
+    check_int("train_per_round_clients", arguments["train_per_round_clients"], minimum=1)
+    check_int("train_total_rounds", arguments["train_total_rounds"], minimum=1)
+    check_int("seed", arguments["seed"], minimum=0)
+    check_interface(
+        "program_state_manager",
+        arguments["program_state_manager"],
+        "ProgramStateManager",
+        ["save", "load_latest"],
+    )
+    check_interface(
+        "model_output_manager", arguments["model_output_manager"], "ReleaseManager", ["release"]
+    )
+    check_interface(
+        "train_metrics_manager",
+        arguments["train_metrics_manager"],
+        "ReleaseManager",
+        ["release"],
+        allow_none=True,
+    )
+    check_interface(
+        "evaluation_manager",
+        arguments["evaluation_manager"],
+        "EvaluationManager",
+        ["resume_from_previous_state", "start_evaluation", "wait_for_evaluations_to_finish"],
+        allow_none=True,
+    )
+    check_interface(
+        "stopping",
+        arguments["stopping"],
+        "StoppingPolicy",
+        ["before_round", "after_evaluation"],
+        allow_none=True,
+    )
+    check_bool("stopping_waits_for_evaluations", arguments["stopping_waits_for_evaluations"])
+    check_interface("clock", arguments["clock"], "Clock", ["now"], allow_none=True)
     periodicity = arguments["evaluation_periodicity"]
     if isinstance(periodicity, datetime.timedelta):
-        if periodicity <= datetime.timedelta(0):
-            raise ValueError(f"evaluation_periodicity must be positive, got {periodicity}")
-        return periodicity
-    if not _is_int(periodicity):
+        return check_timedelta("evaluation_periodicity", periodicity, above=datetime.timedelta(0))
+    if isinstance(periodicity, bool) or not isinstance(periodicity, int):
         raise TypeError(
-            "evaluation_periodicity must be an int (rounds) or a timedelta, got "
-            f"{type(periodicity).__name__} {periodicity!r}"
+            "evaluation_periodicity must be an int >= 1 (rounds) or a timedelta > 0, "
+            f"got {describe(periodicity)}"
         )
-    if periodicity < 1:
-        raise ValueError(f"evaluation_periodicity must be >= 1 round, got {periodicity}")
-    return periodicity
+    return check_int("evaluation_periodicity", periodicity, minimum=1)

@@ -106,7 +106,7 @@ async def test_map_clients_loads_and_runs_every_client_in_order() -> None:
 async def test_bad_arguments_and_use_outside_the_context_are_clear_errors(fedavg) -> None:
     with pytest.raises(TypeError, match="default_num_clients must be an int"):
         TFFContext(default_num_clients="3")
-    with pytest.raises(ValueError, match="default_num_clients must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="default_num_clients must be an int >= 0, got -1"):
         TFFContext(default_num_clients=-1)
     with pytest.raises(TypeError, match="max_concurrent_computation_calls must be an int"):
         TFFContext(max_concurrent_computation_calls=1.5)

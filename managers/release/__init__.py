@@ -1,6 +1,6 @@
 """Release managers: the abstract base, its sinks and its wrappers."""
 
-from managers.release.base import ReleaseKey, ReleaseManager
+from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.release.csv_file import CSVFileReleaseManager
 from managers.release.delayed import DelayedReleaseManager
 from managers.release.filtering import FilteringReleaseManager
@@ -23,4 +23,5 @@ __all__ = [
     "PeriodicReleaseManager",
     "ReleaseKey",
     "ReleaseManager",
+    "check_key",
 ]

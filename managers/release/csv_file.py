@@ -19,6 +19,7 @@ import numpy as np
 from managers._files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
+from managers.validation import check_path, check_str
 from managers.values import materialize
 
 __all__ = ["CSVFileReleaseManager"]
@@ -86,14 +87,8 @@ class CSVFileReleaseManager(ReleaseManager):
     """
 
     def __init__(self, file_path: str | os.PathLike[str], *, key_fieldname: str = "key") -> None:
-        if not isinstance(key_fieldname, str):
-            raise TypeError(
-                f"key_fieldname must be a non-empty str, got {type(key_fieldname).__name__} "
-                f"{key_fieldname!r}"
-            )
-        if not key_fieldname:
-            raise ValueError(f"key_fieldname must be a non-empty str, got {key_fieldname!r}")
-        self._path = Path(file_path)
+        self._path = check_path("file_path", file_path)
+        check_str("key_fieldname", key_fieldname, allow_empty=False)
         self._key_fieldname = key_fieldname
         self._lock: anyio.Lock | None = None
         self._calls = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.validation import check_int, check_type
 
 __all__ = ["DelayedReleaseManager"]
 
@@ -21,16 +22,8 @@ class DelayedReleaseManager(ReleaseManager):
     """
 
     def __init__(self, manager: ReleaseManager, delay: int) -> None:
-        if not isinstance(manager, ReleaseManager):
-            raise TypeError(
-                f"manager must be a ReleaseManager, got {type(manager).__name__} {manager!r}"
-            )
-        if isinstance(delay, bool) or not isinstance(delay, int):
-            raise TypeError(f"delay must be an int >= 0, got {type(delay).__name__} {delay!r}")
-        if delay < 0:
-            raise ValueError(f"delay must be an int >= 0, got {delay!r}")
-        self._manager = manager
-        self._delay = delay
+        self._manager = check_type("manager", manager, ReleaseManager)
+        self._delay = check_int("delay", delay, minimum=0)
 
     @property
     def manager(self) -> ReleaseManager:

@@ -8,6 +8,7 @@ from typing import Any
 from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import children, dict_like, is_container, join_path
+from managers.validation import check_callable, check_type
 from managers.values import materialize
 
 __all__ = ["FilteringReleaseManager"]
@@ -42,14 +43,8 @@ class FilteringReleaseManager(ReleaseManager):
     """
 
     def __init__(self, manager: ReleaseManager, filter_fn: Callable[[str], bool]) -> None:
-        if not isinstance(manager, ReleaseManager):
-            raise TypeError(
-                f"manager must be a ReleaseManager, got {type(manager).__name__} {manager!r}"
-            )
-        if not callable(filter_fn):
-            raise TypeError(f"filter_fn must be callable, got {type(filter_fn).__name__}")
-        self._manager = manager
-        self._filter_fn = filter_fn
+        self._manager = check_type("manager", manager, ReleaseManager)
+        self._filter_fn = check_callable("filter_fn", filter_fn)
         self._order = CallOrder()
 
     @property

@@ -9,6 +9,7 @@ import anyio
 
 from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.validation import check_type, describe
 from managers.values import materialize
 
 __all__ = ["GroupingReleaseManager"]
@@ -35,15 +36,11 @@ class GroupingReleaseManager(ReleaseManager):
     def __init__(self, managers: Iterable[ReleaseManager]) -> None:
         if isinstance(managers, ReleaseManager) or not isinstance(managers, Iterable):
             raise TypeError(
-                f"managers must be an iterable of ReleaseManager, got {type(managers).__name__}"
+                f"managers must be an iterable of ReleaseManager, got {describe(managers)}"
             )
         managers = tuple(managers)
         for index, manager in enumerate(managers):
-            if not isinstance(manager, ReleaseManager):
-                raise TypeError(
-                    f"managers[{index}] must be a ReleaseManager, "
-                    f"got {type(manager).__name__} {manager!r}"
-                )
+            check_type(f"managers[{index}]", manager, ReleaseManager)
         self._managers = managers
         self._order = CallOrder()
 

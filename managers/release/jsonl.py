@@ -18,6 +18,7 @@ import orjson
 from managers._files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
+from managers.validation import check_path
 from managers.values import materialize
 
 __all__ = ["JSONLinesReleaseManager"]
@@ -71,7 +72,7 @@ class JSONLinesReleaseManager(ReleaseManager):
     """
 
     def __init__(self, file_path: str | os.PathLike[str]) -> None:
-        self._path = Path(file_path)
+        self._path = check_path("file_path", file_path)
         self._lock: anyio.Lock | None = None
         self._calls = 0
         self._forget()

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.validation import check_int, check_type
 from managers.values import materialize
 
 __all__ = ["LoggingReleaseManager"]
@@ -24,10 +25,8 @@ class LoggingReleaseManager(ReleaseManager):
     """
 
     def __init__(self, logger: logging.Logger | None = None, level: int = logging.INFO) -> None:
-        if logger is not None and not isinstance(logger, logging.Logger | logging.LoggerAdapter):
-            raise TypeError(f"logger must be a logging.Logger or None, got {logger!r}")
-        if isinstance(level, bool) or not isinstance(level, int):
-            raise TypeError(f"level must be an int logging level, got {level!r}")
+        check_type("logger", logger, (logging.Logger, logging.LoggerAdapter), allow_none=True)
+        check_int("level", level, minimum=0)
         self._logger = logger if logger is not None else logging.getLogger(__name__)
         self._level = level
 

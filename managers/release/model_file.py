@@ -14,6 +14,7 @@ from managers._files import write_atomically
 from managers.exceptions import VersionNotFoundError
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.serialization import dumps, loads
+from managers.validation import check_path
 from managers.values import materialize
 
 __all__ = ["ModelFileReleaseManager"]
@@ -41,7 +42,7 @@ class ModelFileReleaseManager(ReleaseManager):
     """
 
     def __init__(self, root_dir: str | os.PathLike[str]) -> None:
-        self._root = Path(root_dir)
+        self._root = check_path("root_dir", root_dir)
         self._lock: anyio.Lock | None = None
 
     async def release(self, value: Any, key: ReleaseKey) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
+from managers.validation import check_path
 from managers.values import materialize
 
 __all__ = ["TensorBoardReleaseManager"]
@@ -102,7 +103,7 @@ class TensorBoardReleaseManager(ReleaseManager):
                 "TensorBoardReleaseManager needs tensorboardX, which is missing; "
                 "install it with pip install 'programlogic[tensorboard]'"
             )
-        self._dir = Path(summary_dir)
+        self._dir = check_path("summary_dir", summary_dir)
         self._lock: anyio.Lock | None = None
         self._file = _EventFile(self._dir)
         self._closed = False

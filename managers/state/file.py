@@ -41,6 +41,7 @@ from managers._files import fsync_directory
 from managers.exceptions import ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError, dumps_buffers, loads
 from managers.state.base import ProgramStateManager, check_version
+from managers.validation import check_bool, check_int, check_path, check_str
 
 __all__ = ["FileProgramStateManager", "StateDirectoryLockedError"]
 
@@ -110,26 +111,17 @@ class FileProgramStateManager(ProgramStateManager):
         keep_first: bool = True,
         keep_every: int | None = None,
     ) -> None:
-        if not isinstance(root_dir, str | os.PathLike):
-            raise TypeError(
-                f"root_dir must be a str or os.PathLike, got {type(root_dir).__name__} {root_dir!r}"
-            )
-        if not os.fspath(root_dir):
-            raise ValueError("root_dir must not be empty")
-        if not isinstance(prefix, str):
-            raise TypeError(f"prefix must be a str, got {type(prefix).__name__} {prefix!r}")
+        root = check_path("root_dir", root_dir)
+        check_str("prefix", prefix)
         if prefix.startswith(".") or any(char in prefix for char in ("/", os.sep, "\0")):
             raise ValueError(
                 f"prefix must be a plain file-name start (no '/', not starting with '.'), "
                 f"got {prefix!r}"
             )
-        _check_count("keep_total", keep_total)
-        if not isinstance(keep_first, bool):
-            raise TypeError(
-                f"keep_first must be a bool, got {type(keep_first).__name__} {keep_first!r}"
-            )
-        _check_count("keep_every", keep_every)
-        self._root = Path(root_dir)
+        check_int("keep_total", keep_total, minimum=1, allow_none=True)
+        check_bool("keep_first", keep_first)
+        check_int("keep_every", keep_every, minimum=1, allow_none=True)
+        self._root = root
         self._prefix = prefix
         self._keep_total = keep_total
         self._keep_first = keep_first
@@ -359,15 +351,6 @@ class FileProgramStateManager(ProgramStateManager):
             f"no program state is saved as version {version!r} in {self._root}; "
             f"saved: {self._versions()}"
         )
-
-
-def _check_count(name: str, value: object) -> None:
-    if value is None:
-        return
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1 or None, got {value}")
 
 
 def _write_all(fd: int, buffers: list[memoryview]) -> int:

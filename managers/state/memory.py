@@ -10,6 +10,7 @@ import numpy as np
 from managers.exceptions import VersionNotFoundError
 from managers.state.base import ProgramStateManager, check_version
 from managers.structure import reshape
+from managers.validation import check_int
 
 __all__ = ["MemoryProgramStateManager"]
 
@@ -27,11 +28,7 @@ class MemoryProgramStateManager(ProgramStateManager):
     """
 
     def __init__(self, keep_total: int | None = None) -> None:
-        if keep_total is not None and (
-            not isinstance(keep_total, int) or isinstance(keep_total, bool) or keep_total < 1
-        ):
-            raise ValueError(f"keep_total must be a positive int or None, got {keep_total!r}")
-        self._keep_total = keep_total
+        self._keep_total = check_int("keep_total", keep_total, minimum=1, allow_none=True)
         self._versions: dict[int, Any] = {}  # ascending: saves strictly increase
 
     async def save(self, state: Any, version: int) -> None:

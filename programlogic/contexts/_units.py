@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from managers.validation import check_int
 from programlogic.exceptions import ClientError
 
 if TYPE_CHECKING:
@@ -20,11 +21,8 @@ __all__ = ["check_group_size", "compute_unit", "split_units"]
 
 
 def check_group_size(group_size: object) -> None:
-    """Raise ``ValueError`` unless ``group_size`` is None or an int >= 1."""
-    if group_size is not None and (
-        not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1
-    ):
-        raise ValueError(f"group_size must be a positive int or None, got {group_size!r}")
+    """Raise unless ``group_size`` is None or an int >= 1 (TypeError or ValueError)."""
+    check_int("group_size", group_size, minimum=1, allow_none=True)
 
 
 def split_units(

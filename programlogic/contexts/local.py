@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from managers.validation import check_int
 from programlogic.context import ClientFn, GroupFn
 from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
@@ -38,10 +39,7 @@ class LocalContext(StreamingContext):
     """
 
     def __init__(self, max_workers: int | None = None) -> None:
-        if max_workers is not None and (
-            not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1
-        ):
-            raise ValueError(f"max_workers must be a positive int or None, got {max_workers!r}")
+        check_int("max_workers", max_workers, minimum=1, allow_none=True)
         self.max_workers = max_workers or os.cpu_count() or 1
         self._workers: WorkerThreads | None = None
 

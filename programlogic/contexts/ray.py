@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import sniffio
 
+from managers.validation import check_int, check_number, check_str, check_timedelta, check_type
 from programlogic.context import ClientFn, GroupFn, report_dropped_clients
 from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
@@ -111,23 +112,14 @@ def _import_ray() -> Any:
 
 
 def _positive_int(name: str, value: object, *, allow_none: bool, minimum: int = 1) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{name} must be an int >= {minimum}{' or None' if allow_none else ''}, got {value!r}"
-        )
+    check_int(name, value, minimum=minimum, allow_none=allow_none)
 
 
 def _seconds(name: str, value: object) -> float | None:
-    if value is None:
-        return None
     if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(
-            f"{name} must be a positive number of seconds, a timedelta or None, got {value!r}"
-        )
+        value = check_timedelta(name, value, above=datetime.timedelta(0)).total_seconds()
+    if check_number(name, value, above=0, allow_none=True) is None:
+        return None
     if math.isinf(value):
         return None
     return float(value)
@@ -197,37 +189,21 @@ class RayContext(StreamingContext):
         health_check_interval: float = 2.0,
         init_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if address is not None and (not isinstance(address, str) or not address.strip()):
-            raise ValueError(f"address must be a non-empty str or None, got {address!r}")
+        check_str("address", address, allow_empty=False, allow_none=True)
         _positive_int("num_workers", num_workers, allow_none=True)
         if resources_per_worker is None:
             resources_per_worker = {"CPU": 1}
-        if not isinstance(resources_per_worker, Mapping):
-            raise TypeError(
-                "resources_per_worker must be a mapping of resource name to amount, got "
-                f"{type(resources_per_worker).__name__}"
-            )
+        check_type("resources_per_worker", resources_per_worker, Mapping)
         for name, amount in resources_per_worker.items():
-            if (
-                not isinstance(name, str)
-                or isinstance(amount, bool)
-                or not isinstance(amount, int | float)
-                or amount < 0
-            ):
-                raise ValueError(
-                    "resources_per_worker must map resource names to amounts >= 0, got "
-                    f"{name!r}: {amount!r}"
-                )
+            check_str("a resource name of resources_per_worker", name)
+            check_number(f"resources_per_worker[{name!r}]", amount, minimum=0)
         self.round_deadline = _seconds("round_deadline", round_deadline)
         _positive_int("min_clients", min_clients, allow_none=False)
         _positive_int("max_retries", max_retries, allow_none=False, minimum=0)
         interval = _seconds("health_check_interval", health_check_interval)
         if interval is None:
             raise ValueError(f"health_check_interval must be finite, got {health_check_interval!r}")
-        if init_options is not None and not isinstance(init_options, Mapping):
-            raise TypeError(
-                f"init_options must be a mapping or None, got {type(init_options).__name__}"
-            )
+        check_type("init_options", init_options, Mapping, allow_none=True)
         self.address = address
         self.num_workers = num_workers
         self.resources_per_worker = dict(resources_per_worker)

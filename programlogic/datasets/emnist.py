@@ -14,10 +14,10 @@ client's work runs), so nothing but the loader's path travels to a worker.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 
+from managers.validation import check_bool, check_path
 from programlogic.data import ClientHandle, HandleDataSource, Sampling
 from programlogic.datasets._optional import require
 from programlogic.datasets.arrays import ClientArrays, FederatedData
@@ -69,7 +69,7 @@ class HDF5DataSource(HandleDataSource):
     def __init__(
         self, path: str | os.PathLike[str], *, sampling: Sampling | str = Sampling.UNIFORM
     ) -> None:
-        self.path = Path(path)
+        self.path = check_path("path", path)
         if not self.path.is_file():
             raise FileNotFoundError(f"federated HDF5 file {self.path} not found")
         h5py = _h5py()
@@ -111,7 +111,9 @@ def load_emnist_h5(
 
     Needs h5py (``pip install 'programlogic[learning]'``).
     """
-    train_path = Path(train_path)
+    check_bool("only_digits", only_digits)
+    train_path = check_path("train_path", train_path)
+    test_path = check_path("test_path", test_path, allow_none=True)
     if test_path is None:
         if "_train" not in train_path.name:
             raise ValueError(
@@ -120,8 +122,6 @@ def load_emnist_h5(
             )
         head, _, tail = train_path.name.rpartition("_train")
         test_path = train_path.with_name(f"{head}_test{tail}")
-    if not isinstance(only_digits, bool):
-        raise TypeError(f"only_digits must be a bool, got {only_digits!r}")
     return FederatedData(
         train=HDF5DataSource(train_path, sampling=sampling),
         test=HDF5DataSource(test_path),

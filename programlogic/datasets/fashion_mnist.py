@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from managers.validation import check_choice, check_int, check_number, check_path
 from programlogic.data import InMemoryDataSource, Sampling
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 from programlogic.datasets.partition import dirichlet_partition
@@ -59,17 +60,12 @@ def load_fashion_mnist(
     again); a file replaced since, with another size or modification time, is read
     again.
     """
-    if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
-        raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
-    if (
-        not isinstance(num_test_clients, int)
-        or isinstance(num_test_clients, bool)
-        or num_test_clients < 1
-    ):
-        raise ValueError(f"num_test_clients must be an int >= 1, got {num_test_clients!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    directory = Path(DEFAULT_FASHION_MNIST_PATH if path is None else path)
+    check_int("num_clients", num_clients, minimum=1)
+    check_number("alpha", alpha, above=0, finite=True)
+    check_int("num_test_clients", num_test_clients, minimum=1)
+    check_int("seed", seed, minimum=0)
+    check_choice("sampling", sampling, Sampling)
+    directory = check_path("path", DEFAULT_FASHION_MNIST_PATH if path is None else path)
     train_x, train_y, test_x, test_y = _read(directory)
     if num_test_clients > test_y.size:
         raise ValueError(

@@ -7,9 +7,9 @@ centralized data set such as Fashion-MNIST.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from managers.validation import check_int, check_number
 
 __all__ = ["dirichlet_partition"]
 
@@ -37,21 +37,13 @@ def dirichlet_partition(
     labels = np.asarray(labels)
     if labels.ndim != 1:
         raise ValueError(f"labels must be one-dimensional, got shape {labels.shape}")
-    if not isinstance(num_clients, int) or isinstance(num_clients, bool) or num_clients < 1:
-        raise ValueError(f"num_clients must be an int >= 1, got {num_clients!r}")
+    check_int("num_clients", num_clients, minimum=1)
     if num_clients > labels.size:
         raise ValueError(
             f"num_clients must be at most the number of examples ({labels.size}), got {num_clients}"
         )
-    if (
-        not isinstance(alpha, int | float)
-        or isinstance(alpha, bool)
-        or not math.isfinite(alpha)
-        or alpha <= 0
-    ):
-        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    check_number("alpha", alpha, above=0, finite=True)
+    check_int("seed", seed, minimum=0)
 
     rng = np.random.default_rng(seed)
     owner = np.empty(labels.size, dtype=np.intp)

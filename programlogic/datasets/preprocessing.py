@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from managers.validation import check_int, check_shape, check_type
 from programlogic.datasets.arrays import ClientArrays
 
 __all__ = ["BatchOrder", "ClientBatches", "Preprocessing", "client_seed"]
@@ -45,11 +46,6 @@ class BatchOrder(NamedTuple):
     mask: np.ndarray
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class Preprocessing:
     """Repeats a client's examples ``epochs`` times, shuffles them and batches them.
@@ -77,18 +73,19 @@ class Preprocessing:
     feature_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        _check_int("epochs", self.epochs, 1)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_int("shuffle_buffer", self.shuffle_buffer, 0)
-        if self.feature_shape is not None:
-            if not isinstance(self.feature_shape, tuple) or not all(
-                isinstance(size, int) and not isinstance(size, bool) and size >= 1
-                for size in self.feature_shape
-            ):
-                raise ValueError(
-                    "feature_shape must be None or a tuple of ints >= 1, "
-                    f"got {self.feature_shape!r}"
-                )
+        check_int("epochs", self.epochs, minimum=1)
+        check_int("batch_size", self.batch_size, minimum=1)
+        check_int("shuffle_buffer", self.shuffle_buffer, minimum=0)
+        check_type("feature_shape", self.feature_shape, tuple, allow_none=True)
+        check_shape("feature_shape", self.feature_shape, allow_none=True)
+
+    def for_evaluation(self) -> Preprocessing:
+        """The preprocessing that evaluates what this one trains on.
+
+        Same ``feature_shape`` and ``batch_size``, one epoch, no shuffle: every example
+        once, shaped as the model trained on it expects.
+        """
+        return dataclasses.replace(self, epochs=1, shuffle_buffer=0)
 
     def __call__(self, data: ClientArrays, seed: int) -> ClientBatches:
         """The batches of one client's ``data``, shuffled with ``seed`` (an int >= 0)."""
@@ -128,8 +125,8 @@ class Preprocessing:
         What :meth:`__call__` gathers, without gathering it: compiled client updates
         take a client's examples once and these indices, instead of ``epochs`` copies.
         """
-        _check_int("seed", seed, 0)
-        _check_int("count", count, 0)
+        check_int("seed", seed, minimum=0)
+        check_int("count", count, minimum=0)
         stream = self._order(count, np.random.default_rng(seed))
         total = stream.size
         num_batches = -(-total // self.batch_size)

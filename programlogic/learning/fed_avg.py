@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from managers.validation import check_int, check_type, describe
 from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
@@ -310,15 +311,8 @@ def plan_group_size(num_clients: int, parallelism: int, clients_per_group: int |
 
 
 def check_clients_per_group(clients_per_group: object) -> None:
-    """Raise ``ValueError`` unless ``clients_per_group`` is None or an int >= 1."""
-    if clients_per_group is not None and (
-        isinstance(clients_per_group, bool)
-        or not isinstance(clients_per_group, int)
-        or clients_per_group < 1
-    ):
-        raise ValueError(
-            f"clients_per_group must be an int >= 1 or None, got {clients_per_group!r}"
-        )
+    """Raise unless ``clients_per_group`` is None or an int >= 1 (TypeError or ValueError)."""
+    check_int("clients_per_group", clients_per_group, minimum=1, allow_none=True)
 
 
 def build_weighted_fed_avg(
@@ -357,14 +351,12 @@ def build_weighted_fed_avg(
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
                 f"{name} must be a programlogic.learning optimizer (sgd, adam), got "
-                f"{type(optimizer).__name__}"
+                f"{describe(optimizer)}"
             )
     if preprocess is None:
         preprocess = Preprocessing()
-    if not isinstance(preprocess, Preprocessing):
-        raise TypeError(f"preprocess must be a Preprocessing, got {type(preprocess).__name__}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    check_type("preprocess", preprocess, Preprocessing)
+    check_int("seed", seed, minimum=0)
     check_clients_per_group(clients_per_group)
     model = FunctionalModel(
         model_fn,

@@ -8,11 +8,17 @@ from typing import Any
 
 import numpy as np
 
+from managers.validation import check_type
 from programlogic.context import get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._tensorflow import keras, tf
-from programlogic.learning.fed_avg import check_clients_per_group, plan_group_size, ratio
+from programlogic.learning.fed_avg import (
+    WeightedFedAvg,
+    check_clients_per_group,
+    plan_group_size,
+    ratio,
+)
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.process import LearningProcessOutput
 
@@ -173,16 +179,29 @@ def build_fed_eval(
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
     clients_per_group: int | None = None,
+    train_process: WeightedFedAvg | None = None,
 ) -> FederatedEvaluation:
     """A :class:`FederatedEvaluation` of the Keras model ``model_fn`` builds.
 
-    ``loss`` defaults to ``SparseCategoricalCrossentropy()``; ``preprocess`` (default:
-    one epoch, batches of 100, no shuffle) must keep every example exactly once.
+    ``loss`` defaults to ``SparseCategoricalCrossentropy()``. ``preprocess`` must keep
+    every example exactly once (one epoch). When it is not given, it is derived from
+    ``train_process``, the process that trains the model, with
+    :meth:`Preprocessing.for_evaluation` (the training's feature shape and batch size,
+    one epoch, no shuffle), so examples reach the model in the shape it trained on;
+    without either it is one epoch in batches of 100, no shuffle.
+
+    Example::
+
+        process = build_weighted_fed_avg(model_fn, preprocess=Preprocessing(feature_shape=(784,)))
+        evaluation = build_fed_eval(model_fn, train_process=process)
     """
+    check_type("train_process", train_process, WeightedFedAvg, allow_none=True)
     if preprocess is None:
-        preprocess = Preprocessing(epochs=1, batch_size=100, shuffle_buffer=0)
-    if not isinstance(preprocess, Preprocessing):
-        raise TypeError(f"preprocess must be a Preprocessing, got {type(preprocess).__name__}")
+        if train_process is not None:
+            preprocess = train_process.preprocess.for_evaluation()
+        else:
+            preprocess = Preprocessing(epochs=1, batch_size=100, shuffle_buffer=0)
+    check_type("preprocess", preprocess, Preprocessing)
     if preprocess.epochs != 1:
         raise ValueError(
             f"an evaluation sees every example once: preprocess.epochs must be 1, "

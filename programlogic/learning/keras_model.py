@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from managers.validation import check_callable, check_interface
 from programlogic.datasets.arrays import ClientArrays
 from programlogic.datasets.preprocessing import BatchOrder
 from programlogic.learning._tensorflow import keras, tf
@@ -57,8 +58,7 @@ class FunctionalModel:
         loss: Any,
         metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     ) -> None:
-        if not callable(model_fn):
-            raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
+        check_callable("model_fn", model_fn)
         model = model_fn()
         if not isinstance(model, keras.Model):
             raise TypeError(f"model_fn must return a keras.Model, got {type(model).__name__}")
@@ -67,8 +67,7 @@ class FunctionalModel:
                 "model_fn must return a built model with weights: start it with "
                 "keras.Input(shape) or call model.build(input_shape)"
             )
-        if not callable(getattr(loss, "call", None)):
-            raise TypeError(f"loss must be a keras.losses.Loss, got {type(loss).__name__}")
+        check_interface("loss", loss, "keras.losses.Loss", ["call"])
         if isinstance(metrics, str):
             raise TypeError(f"metrics must be a sequence of names, got the str {metrics!r}")
         for name in metrics:

@@ -9,16 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from managers.validation import check_choice, check_shape
 from programlogic.learning._tensorflow import keras
 
 __all__ = ["MODELS", "build_model", "cnn", "mlp", "softmax_regression"]
 
 
 def _check_shape(input_shape: Sequence[int]) -> tuple[int, ...]:
-    shape = tuple(input_shape)
-    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
-        raise ValueError(f"input_shape must be positive ints, got {input_shape!r}")
-    return shape
+    return check_shape("input_shape", input_shape, allow_empty=False)
 
 
 def softmax_regression(input_shape: Sequence[int], num_classes: int = 10) -> keras.Model:
@@ -96,6 +94,5 @@ MODELS = {"softmax": softmax_regression, "mlp": mlp, "cnn": cnn}
 
 def build_model(name: str, input_shape: Sequence[int], num_classes: int = 10) -> keras.Model:
     """The model ``name`` (a key of :data:`MODELS`) for inputs of ``input_shape``."""
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}")
+    check_choice("name", name, MODELS)
     return MODELS[name](input_shape, num_classes)

@@ -18,6 +18,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from managers.validation import check_number
+
 __all__ = ["SGD", "Adam", "Optimizer", "adam", "sgd"]
 
 
@@ -41,10 +43,7 @@ class Optimizer(abc.ABC):
 
 
 def _check_rate(name: str, value: float, *, upper: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if upper is not None and value >= upper:
-        raise ValueError(f"{name} must be below {upper}, got {value!r}")
+    check_number(name, value, minimum=0, below=upper)
 
 
 @dataclasses.dataclass(frozen=True)

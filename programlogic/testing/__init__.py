@@ -21,6 +21,14 @@ from typing import Any
 import numpy as np
 
 from managers.state.base import ProgramStateManager
+from managers.validation import (
+    check_bool,
+    check_int,
+    check_interface,
+    check_number,
+    check_timedelta,
+    check_type,
+)
 from programlogic.context import get_context
 from programlogic.data import ClientHandle, InMemoryDataSource, Sampling
 from programlogic.process import LearningProcessOutput
@@ -50,13 +58,10 @@ class FakeDataSource(InMemoryDataSource):
         seed: int = 0,
         sampling: Sampling | str = Sampling.UNIFORM,
     ) -> None:
-        for name, value in (
-            ("num_clients", num_clients),
-            ("examples_per_client", examples_per_client),
-            ("dim", dim),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int("num_clients", num_clients, minimum=1)
+        check_int("examples_per_client", examples_per_client, minimum=1)
+        check_int("dim", dim, minimum=1)
+        check_int("seed", seed, minimum=0)
         clients = {
             f"client_{i}": np.random.default_rng([seed, i]).normal(
                 loc=float(i), size=(examples_per_client, dim)
@@ -88,8 +93,17 @@ class FakeLearningProcess:
         clock: FakeClock | None = None,
         round_duration: datetime.timedelta | None = None,
     ) -> None:
+        check_int("dim", dim, minimum=1)
+        check_number("learning_rate", learning_rate, minimum=0)
+        check_interface("clock", clock, "Clock", ["now", "advance"], allow_none=True)
+        check_timedelta(
+            "round_duration", round_duration, minimum=datetime.timedelta(0), allow_none=True
+        )
         if (clock is None) != (round_duration is None):
-            raise ValueError("clock and round_duration must be given together")
+            raise ValueError(
+                "clock and round_duration must be given together, got "
+                f"clock={clock!r} and round_duration={round_duration!r}"
+            )
         self.dim = dim
         self.learning_rate = learning_rate
         self._clock = clock
@@ -137,21 +151,22 @@ class FakeClock:
     """A clock that moves only when told to: ``advance(delta)`` or ``set(time)``."""
 
     def __init__(self, start: datetime.datetime | None = None) -> None:
+        check_type("start", start, datetime.datetime, allow_none=True)
         self._now = start or datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
         if self._now.tzinfo is None:
-            raise ValueError("FakeClock needs a timezone-aware start time")
+            raise ValueError(f"start must be a timezone-aware datetime, got {start!r}")
 
     def now(self) -> datetime.datetime:
         return self._now
 
     def advance(self, delta: datetime.timedelta) -> None:
         """Move the clock forward by ``delta``."""
-        if delta < datetime.timedelta(0):
-            raise ValueError(f"a clock cannot go back; got delta={delta}")
+        check_timedelta("delta", delta, minimum=datetime.timedelta(0))
         self._now += delta
 
     def set(self, time: datetime.datetime) -> None:
         """Move the clock to ``time`` (not before the current time)."""
+        check_type("time", time, datetime.datetime)
         if time < self._now:
             raise ValueError(f"a clock cannot go back from {self._now} to {time}")
         self._now = time
@@ -179,6 +194,10 @@ class CrashingStateManager(ProgramStateManager):
         after_save: bool = False,
         error: BaseException | None = None,
     ) -> None:
+        check_type("inner", inner, ProgramStateManager)
+        check_int("crash_on_version", crash_on_version, minimum=0)
+        check_bool("after_save", after_save)
+        check_type("error", error, BaseException, allow_none=True)
         self.inner = inner
         self.crash_on_version = crash_on_version
         self.after_save = after_save

@@ -81,7 +81,8 @@ async def test_invalid_key_raises(caplog):
 
 
 async def test_invalid_arguments_raise_type_error():
-    with pytest.raises(TypeError, match=r"logger must be a logging.Logger or None, got 'root'"):
+    message = r"logger must be a Logger or a LoggerAdapter or None, got str 'root'"
+    with pytest.raises(TypeError, match=message):
         LoggingReleaseManager("root")
-    with pytest.raises(TypeError, match=r"level must be an int logging level, got 'INFO'"):
+    with pytest.raises(TypeError, match=r"level must be an int >= 0, got str 'INFO'"):
         LoggingReleaseManager(level="INFO")

@@ -115,7 +115,81 @@ async def test_failing_release_keeps_previous_value():
     assert manager.values() == {1: "kept"}
 
 
-@pytest.mark.parametrize("max_entries", [0, -1, True, False, 1.5, "2"])
-async def test_invalid_max_entries_raises_value_error(max_entries):
-    with pytest.raises(ValueError, match=r"max_entries must be a positive int or None"):
+@pytest.mark.parametrize(
+    ("max_entries", "error", "found"),
+    [
+        (0, ValueError, "0"),
+        (-1, ValueError, "-1"),
+        (True, TypeError, "bool True"),
+        (1.5, TypeError, "float 1.5"),
+        ("2", TypeError, "str '2'"),
+    ],
+)
+async def test_invalid_max_entries(max_entries, error, found):
+    with pytest.raises(error, match=rf"^max_entries must be an int >= 1 or None, got {found}$"):
         MemoryReleaseManager(max_entries=max_entries)
+
+
+class Gate:
+    """A value reference that gives its value, or raises, once it is opened."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.opened = anyio.Event()
+
+    async def get_value(self) -> Any:
+        await self.opened.wait()
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+async def overlapping_releases(manager: MemoryReleaseManager, first: Gate, second: Gate, opening):
+    """Release ``first`` then ``second`` under key 1, open them in ``opening`` order."""
+    failures: list[Exception] = []
+
+    async def release(gate: Gate) -> None:
+        try:
+            await manager.release(gate, 1)
+        except RuntimeError as error:
+            failures.append(error)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(release, first)
+        await anyio.wait_all_tasks_blocked()
+        group.start_soon(release, second)
+        await anyio.wait_all_tasks_blocked()
+        for gate in opening:
+            gate.opened.set()
+            await anyio.wait_all_tasks_blocked()
+    return failures
+
+
+@pytest.mark.parametrize("first_finishes_first", [True, False])
+async def test_a_failed_later_release_leaves_the_earlier_success(first_finishes_first):
+    manager = MemoryReleaseManager()
+    await manager.release("before", 1)
+    first, second = Gate("first"), Gate(RuntimeError("second failed"))
+    opening = (first, second) if first_finishes_first else (second, first)
+    failures = await overlapping_releases(manager, first, second, opening)
+    assert [str(error) for error in failures] == ["second failed"]
+    assert manager.values() == {1: "first"}
+
+
+@pytest.mark.parametrize("first_finishes_first", [True, False])
+async def test_overlapping_successes_keep_the_one_called_last(first_finishes_first):
+    manager = MemoryReleaseManager()
+    first, second = Gate("first"), Gate("second")
+    opening = (first, second) if first_finishes_first else (second, first)
+    assert await overlapping_releases(manager, first, second, opening) == []
+    assert manager.values() == {1: "second"}
+
+
+async def test_a_failed_release_leaves_what_the_key_held():
+    manager = MemoryReleaseManager()
+    await manager.release("before", 1)
+    first = Gate(RuntimeError("first failed"))
+    second = Gate(RuntimeError("second failed"))
+    failures = await overlapping_releases(manager, first, second, (second, first))
+    assert sorted(str(error) for error in failures) == ["first failed", "second failed"]
+    assert manager.values() == {1: "before"}

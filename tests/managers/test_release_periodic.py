@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from managers import MemoryReleaseManager
+from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
 from managers.clock import SystemClock
 from managers.release.periodic import PeriodicReleaseManager
 
@@ -154,7 +154,8 @@ async def test_invalid_periodicity(periodicity, error, found):
 async def test_invalid_manager_and_clock():
     with pytest.raises(TypeError, match=r"manager must be a ReleaseManager, got NoneType None"):
         PeriodicReleaseManager(None, 1)
-    with pytest.raises(TypeError, match=r"clock must have a now\(\) method, got function"):
+    message = r"clock must be a Clock \(with now\(\)\) or None, got function"
+    with pytest.raises(TypeError, match=message):
         PeriodicReleaseManager(MemoryReleaseManager(), timedelta(1), clock=lambda: START)
 
 
@@ -169,3 +170,64 @@ async def test_aclose_closes_the_inner_manager():
     async with PeriodicReleaseManager(inner, 1) as manager:
         assert manager.manager is inner
     assert inner.closed
+
+
+async def test_timedelta_cadence_survives_a_restart_with_a_state_manager(tmp_path):
+    clock, memory = FakeClock(), MemoryReleaseManager()
+    async with FileProgramStateManager(tmp_path, keep_total=1) as state:
+        first = PeriodicReleaseManager(
+            memory, timedelta(minutes=10), clock=clock, state_manager=state
+        )
+        await first.release("r1", 1)
+        clock.advance(minutes=4)
+        await first.release("r2", 2)
+    clock.advance(minutes=4)  # the program restarts 8 minutes after round 1 passed
+    async with FileProgramStateManager(tmp_path, keep_total=1) as state:
+        restarted = PeriodicReleaseManager(
+            memory, timedelta(minutes=10), clock=clock, state_manager=state
+        )
+        await restarted.release("r1 again", 1)  # the resumed round that passed last
+        await restarted.release("r3", 3)
+        clock.advance(minutes=2)
+        await restarted.release("r4", 4)
+        clock.advance(minutes=1)
+        await restarted.release("r5", 5)
+    assert memory.values() == {1: "r1 again", 4: "r4"}
+
+
+async def test_timedelta_cadence_without_a_state_manager_starts_afresh():
+    clock, memory = FakeClock(), MemoryReleaseManager()
+    await PeriodicReleaseManager(memory, timedelta(minutes=10), clock=clock).release("r1", 1)
+    clock.advance(minutes=1)
+    restarted = PeriodicReleaseManager(memory, timedelta(minutes=10), clock=clock)
+    await restarted.release("r2", 2)
+    assert memory.values() == {1: "r1", 2: "r2"}
+
+
+async def test_a_state_manager_needs_a_timedelta_periodicity():
+    state = MemoryProgramStateManager()
+    with pytest.raises(ValueError, match=r"applies to a timedelta .* got periodicity 5$"):
+        PeriodicReleaseManager(MemoryReleaseManager(), 5, state_manager=state)
+    with pytest.raises(TypeError, match=r"state_manager must be a ProgramStateManager or None"):
+        PeriodicReleaseManager(MemoryReleaseManager(), timedelta(1), state_manager="state")
+
+
+async def test_a_release_that_failed_after_its_time_was_saved_passes_again_after_a_restart():
+    class Failing(MemoryReleaseManager):
+        async def release(self, value: Any, key: Any) -> None:
+            raise OSError("disk full")
+
+    clock, state = FakeClock(), MemoryProgramStateManager()
+    first = PeriodicReleaseManager(
+        Failing(), timedelta(minutes=10), clock=clock, state_manager=state
+    )
+    with pytest.raises(OSError, match="disk full"):
+        await first.release("r1", 1)
+    clock.advance(minutes=1)
+    memory = MemoryReleaseManager()
+    restarted = PeriodicReleaseManager(
+        memory, timedelta(minutes=10), clock=clock, state_manager=state
+    )
+    await restarted.release("r1 replayed", 1)
+    await restarted.release("r2", 2)
+    assert memory.values() == {1: "r1 replayed"}

@@ -66,9 +66,18 @@ async def test_keep_total_counts_after_removal():
     assert await manager.get_versions() == [2, 3]
 
 
-@pytest.mark.parametrize("keep_total", [0, -1, True, False, 1.5, "3"])
-async def test_invalid_keep_total_raises_value_error(keep_total):
-    with pytest.raises(ValueError, match=r"keep_total must be a positive int or None"):
+@pytest.mark.parametrize(
+    ("keep_total", "error", "found"),
+    [
+        (0, ValueError, "0"),
+        (-1, ValueError, "-1"),
+        (True, TypeError, "bool True"),
+        (1.5, TypeError, "float 1.5"),
+        ("3", TypeError, "str '3'"),
+    ],
+)
+async def test_invalid_keep_total(keep_total, error, found):
+    with pytest.raises(error, match=rf"^keep_total must be an int >= 1 or None, got {found}$"):
         MemoryProgramStateManager(keep_total=keep_total)
 
 

@@ -68,7 +68,7 @@ async def test_describe_tells_seed_sampling_and_clients_apart() -> None:
 
 @pytest.mark.parametrize("k", [0, -1])
 async def test_non_positive_k_is_a_value_error(k: int) -> None:
-    with pytest.raises(ValueError, match="at least 1 client"):
+    with pytest.raises(ValueError, match=rf"k must be an int >= 1, got {k}$"):
         make_source().iterator(0).select(k, 1)
 
 
@@ -94,7 +94,7 @@ async def test_bad_data_sources_are_rejected() -> None:
         InMemoryDataSource({})
     with pytest.raises(TypeError, match="client ids must be str"):
         InMemoryDataSource({1: "data"})  # type: ignore[dict-item]
-    with pytest.raises(TypeError, match="must be a mapping"):
+    with pytest.raises(TypeError, match="clients must be a Mapping, got list"):
         InMemoryDataSource([("a", 1)])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sampling must be one of 'uniform'"):
         InMemoryDataSource({"a": 1}, sampling="round_robin")
@@ -132,7 +132,7 @@ async def test_fake_data_source_is_deterministic() -> None:
     same = next(h for h in second.iterator(0).select(4, 1) if h == handle)
     assert (handle.load() == same.load()).all()
     assert handle.load().shape == (5, 3)
-    with pytest.raises(ValueError, match="num_clients must be a positive int"):
+    with pytest.raises(ValueError, match="num_clients must be an int >= 1, got 0"):
         FakeDataSource(0)
 
 

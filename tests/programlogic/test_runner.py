@@ -73,7 +73,7 @@ async def test_a_coroutine_function_instead_of_a_coroutine_is_a_type_error():
 
 async def test_an_unknown_backend_is_a_value_error_and_the_coroutine_is_closed():
     program = _answer([])
-    with pytest.raises(ValueError, match="backend must be 'asyncio' or 'trio', got 'curio'"):
+    with pytest.raises(ValueError, match="backend must be one of 'asyncio', 'trio', got 'curio'"):
         programlogic.run(program, backend="curio")  # type: ignore[arg-type]
     assert program.cr_frame is None  # closed: no "never awaited" warning later
 

@@ -89,7 +89,7 @@ async def test_a_missing_metric_names_what_is_there() -> None:
         (lambda: speech(window=1), "window must be an int >= 2"),
         (lambda: speech(mean_threshold=-1), "mean_threshold must be a number >= 0"),
         (lambda: patience(patience=0), "patience must be an int >= 1"),
-        (lambda: patience(mode="lowest"), "mode must be 'min' or 'max'"),
+        (lambda: patience(mode="lowest"), "mode must be one of 'min', 'max', got 'lowest'"),
         (lambda: patience(min_delta=-0.1), "min_delta must be a number >= 0"),
     ],
 )

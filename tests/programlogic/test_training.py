@@ -277,11 +277,15 @@ BAD_ARGUMENTS = [
     ({"train_data_source": {"a": 1}}, TypeError, "train_data_source must be a FederatedDataSource"),
     ({"train_per_round_clients": 2.5}, TypeError, "train_per_round_clients must be an int"),
     ({"train_per_round_clients": True}, TypeError, "train_per_round_clients must be an int"),
-    ({"train_per_round_clients": 0}, ValueError, "train_per_round_clients must be >= 1"),
+    (
+        {"train_per_round_clients": 0},
+        ValueError,
+        "train_per_round_clients must be an int >= 1, got 0",
+    ),
     ({"train_per_round_clients": 11}, ValueError, "train_per_round_clients=11: cannot select 11"),
-    ({"train_total_rounds": 0}, ValueError, "train_total_rounds must be >= 1"),
+    ({"train_total_rounds": 0}, ValueError, "train_total_rounds must be an int >= 1, got 0"),
     ({"train_total_rounds": "5"}, TypeError, "train_total_rounds must be an int"),
-    ({"seed": -1}, ValueError, "seed must be >= 0"),
+    ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
     ({"program_state_manager": MemoryReleaseManager()}, TypeError, "program_state_manager must be"),
     ({"model_output_manager": None}, TypeError, "model_output_manager must be a ReleaseManager"),
     (
@@ -289,17 +293,29 @@ BAD_ARGUMENTS = [
         TypeError,
         "train_metrics_manager must be a ReleaseManager",
     ),
-    ({"evaluation_manager": object()}, TypeError, "evaluation_manager must have"),
-    ({"evaluation_periodicity": 0}, ValueError, "evaluation_periodicity must be >= 1"),
-    ({"evaluation_periodicity": -3}, ValueError, "evaluation_periodicity must be >= 1"),
+    (
+        {"evaluation_manager": object()},
+        TypeError,
+        "evaluation_manager must be an EvaluationManager",
+    ),
+    (
+        {"evaluation_periodicity": 0},
+        ValueError,
+        "evaluation_periodicity must be an int >= 1, got 0",
+    ),
+    ({"evaluation_periodicity": -3}, ValueError, "evaluation_periodicity must be an int >= 1"),
     (
         {"evaluation_periodicity": datetime.timedelta(0)},
         ValueError,
-        "evaluation_periodicity must be positive",
+        "evaluation_periodicity must be a timedelta > 0, got datetime.timedelta",
     ),
-    ({"evaluation_periodicity": datetime.timedelta(seconds=-1)}, ValueError, "must be positive"),
+    (
+        {"evaluation_periodicity": datetime.timedelta(seconds=-1)},
+        ValueError,
+        "must be a timedelta > 0",
+    ),
     ({"evaluation_periodicity": 1.5}, TypeError, "evaluation_periodicity must be an int"),
-    ({"clock": object()}, TypeError, "clock must have a now"),
+    ({"clock": object()}, TypeError, "clock must be a Clock"),
 ]
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import tensorflow_federated as tff
 
+from managers.validation import check_int
 from programlogic.context import ClientFn, GroupFn
 from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts.local import LocalContext
@@ -51,14 +52,8 @@ class TFFContext(StreamingContext):
     def __init__(
         self, *, default_num_clients: int = 0, max_concurrent_computation_calls: int = -1
     ) -> None:
-        for name, value in (
-            ("default_num_clients", default_num_clients),
-            ("max_concurrent_computation_calls", max_concurrent_computation_calls),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if default_num_clients < 0:
-            raise ValueError(f"default_num_clients must be >= 0, got {default_num_clients}")
+        check_int("default_num_clients", default_num_clients, minimum=0)
+        check_int("max_concurrent_computation_calls", max_concurrent_computation_calls)
         self.default_num_clients = default_num_clients
         self.max_concurrent_computation_calls = max_concurrent_computation_calls
         self._thread: LocalContext | None = None

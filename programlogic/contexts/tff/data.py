@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from managers.validation import check_callable, check_int
 from programlogic.data import ClientHandle, FederatedDataSource, HandleDataSource, Sampling
 from programlogic.exceptions import ResumeError
 
@@ -60,8 +61,7 @@ class TFFDataSource(HandleDataSource):
         sampling: Sampling | str = Sampling.UNIFORM,
         load: Callable[[str], Any] | None = None,
     ) -> None:
-        if load is not None and not callable(load):
-            raise TypeError(f"load must be callable or None, got {type(load).__name__} {load!r}")
+        check_callable("load", load, allow_none=True)
         handles, federated_type = _handles(source, load)
         counts = collections.Counter(handle.client_id for handle in handles)
         if len(counts) != len(handles):
@@ -143,8 +143,7 @@ class FederatedDataSourceForTFF(tff.program.FederatedDataSource):
             raise TypeError(
                 f"federated_type must be a tff.FederatedType, got {type(federated_type).__name__}"
             )
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        check_int("seed", seed, minimum=0)
         self._source = source
         self._federated_type = federated_type
         self._seed = seed

@@ -8,6 +8,7 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from managers.validation import check_callable
 from programlogic.context import get_context
 from programlogic.contexts.tff.context import TFFContext
 from programlogic.contexts.tff.structures import from_plain, to_plain
@@ -59,10 +60,7 @@ class TFFLearningProcess:
                 "tff_process must be a tff.learning.templates.LearningProcess, got "
                 f"{type(tff_process).__name__}"
             )
-        if client_data_fn is not None and not callable(client_data_fn):
-            raise TypeError(
-                f"client_data_fn must be callable or None, got {type(client_data_fn).__name__}"
-            )
+        check_callable("client_data_fn", client_data_fn, allow_none=True)
         self.tff_process = tff_process
         self._client_data_fn = client_data_fn
         self._state_type = tff_process.initialize.type_signature.result
@@ -150,8 +148,7 @@ def build_tff_evaluation(
     the given clients, with metrics under ``client_work/eval`` (``current_round_metrics``
     and ``total_rounds_metrics``).
     """
-    if not callable(model_fn):
-        raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
+    check_callable("model_fn", model_fn)
     process = tff.learning.algorithms.build_fed_eval(model_fn, **fed_eval_arguments)
     return TFFLearningProcess(process, client_data_fn=client_data_fn)
 

@@ -95,7 +95,7 @@ async def test_errors_name_the_argument_or_the_file(files: Path, tmp_path: Path)
         HDF5DataSource(tmp_path / "other.h5")
     with pytest.raises(ValueError, match=r"sampling must be one of .* got 'some'"):
         load_emnist_h5(files, sampling="some")
-    with pytest.raises(TypeError, match="only_digits must be a bool, got 'yes'"):
+    with pytest.raises(TypeError, match="only_digits must be a bool, got str 'yes'"):
         load_emnist_h5(files, only_digits="yes")
 
 

@@ -109,7 +109,6 @@ async def test_a_file_that_is_not_idx_is_a_value_error(tmp_path: Path) -> None:
         ({"num_clients": 301}, r"at most the number of examples \(300\), got 301"),
         ({"num_test_clients": 41}, r"at most the number of test images \(40\), got 41"),
         ({"alpha": -1.0}, "alpha must be a finite number > 0, got -1.0"),
-        ({"seed": 1.5}, "seed must be an int >= 0, got 1.5"),
         ({"sampling": "all"}, "sampling must be one of .* got 'all'"),
     ],
 )
@@ -119,6 +118,12 @@ async def test_bad_arguments_are_value_errors(
     write_fake_files(tmp_path)
     with pytest.raises(ValueError, match=message):
         load_fashion_mnist(**({"path": tmp_path} | arguments))
+
+
+async def test_an_argument_of_the_wrong_type_is_a_type_error(tmp_path: Path) -> None:
+    write_fake_files(tmp_path)
+    with pytest.raises(TypeError, match=r"seed must be an int >= 0, got float 1\.5"):
+        load_fashion_mnist(path=tmp_path, seed=1.5)
 
 
 @pytest.mark.skipif(

@@ -112,17 +112,21 @@ async def test_an_empty_client_gives_no_batches() -> None:
 
 
 @pytest.mark.parametrize(
-    ("arguments", "message"),
+    ("arguments", "error", "message"),
     [
-        ({"epochs": 0}, "epochs must be an int >= 1, got 0"),
-        ({"batch_size": 2.0}, "batch_size must be an int >= 1, got 2.0"),
-        ({"shuffle_buffer": -1}, "shuffle_buffer must be an int >= 0, got -1"),
-        ({"feature_shape": [784]}, r"feature_shape must be None or a tuple .* got \[784\]"),
-        ({"feature_shape": (0,)}, r"feature_shape must be None or a tuple .* got \(0,\)"),
+        ({"epochs": 0}, ValueError, "epochs must be an int >= 1, got 0"),
+        ({"batch_size": 2.0}, TypeError, "batch_size must be an int >= 1, got float 2.0"),
+        ({"shuffle_buffer": -1}, ValueError, "shuffle_buffer must be an int >= 0, got -1"),
+        (
+            {"feature_shape": [784]},
+            TypeError,
+            r"feature_shape must be a tuple or None, got list \[784\]",
+        ),
+        ({"feature_shape": (0,)}, ValueError, r"feature_shape must be .* >= 1 or None, got \(0,\)"),
     ],
 )
-async def test_bad_settings_are_value_errors(arguments: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+async def test_bad_settings_are_refused(arguments: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
         Preprocessing(**arguments)
 
 
@@ -148,3 +152,13 @@ async def test_client_seed_is_the_documented_hash() -> None:
     # sha256(b"0/1/a") starts 62 de 5a b5 ca 71 36 89: little endian 0x893671cab55ade62,
     # whose top bit is cleared
     assert client_seed(0, 1, "a") == 0x093671CAB55ADE62
+
+
+async def test_the_evaluation_preprocessing_keeps_shape_and_batch_size() -> None:
+    training = Preprocessing(epochs=5, batch_size=7, shuffle_buffer=100, feature_shape=(4,))
+    evaluation = training.for_evaluation()
+    assert evaluation == Preprocessing(epochs=1, batch_size=7, shuffle_buffer=0, feature_shape=(4,))
+    data = ClientArrays(np.arange(40, dtype=np.float32).reshape(10, 2, 2), np.arange(10))
+    batches = evaluation(data, seed=3)
+    assert batches.x.shape == (2, 7, 4)
+    assert batches.y[batches.mask == 1].tolist() == list(range(10))

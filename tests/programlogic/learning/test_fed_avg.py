@@ -369,13 +369,13 @@ async def test_set_model_weights_refuses_a_wrong_shape() -> None:
         ),
         ({"preprocess": {"epochs": 1}}, TypeError, "preprocess must be a Preprocessing, got dict"),
         ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
-        ({"seed": 1.0}, ValueError, r"seed must be an int >= 0, got 1\.0"),
+        ({"seed": 1.0}, TypeError, r"seed must be an int >= 0, got float 1\.0"),
         (
             {"clients_per_group": 0},
             ValueError,
             "clients_per_group must be an int >= 1 or None, got 0",
         ),
-        ({"clients_per_group": True}, ValueError, "clients_per_group must be an int >= 1"),
+        ({"clients_per_group": True}, TypeError, "clients_per_group must be an int >= 1"),
         ({"metrics": ["accuracy"]}, ValueError, "got 'accuracy'"),
     ],
     ids=[

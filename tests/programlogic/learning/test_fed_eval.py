@@ -15,7 +15,12 @@ from learning_support import (
 
 from programlogic import InMemoryDataSource, LocalContext, evaluate_once
 from programlogic.datasets import ClientArrays, Preprocessing
-from programlogic.learning import FederatedEvaluation, build_fed_eval, softmax_regression
+from programlogic.learning import (
+    FederatedEvaluation,
+    build_fed_eval,
+    build_weighted_fed_avg,
+    softmax_regression,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +137,46 @@ async def test_an_evaluation_pickles_and_the_copy_evaluates_alike() -> None:
     original = await evaluate_rounds(process, state, clients)
     copied = await evaluate_rounds(copy, state, clients)
     assert original[0].metrics == copied[0].metrics
+
+
+def images(count: int, seed: int) -> ClientArrays:
+    """``count`` random 28x28 images with labels among 10 classes."""
+    rng = np.random.default_rng(seed)
+    x = rng.random((count, 28, 28), dtype=np.float32)
+    return ClientArrays(x, rng.integers(0, 10, count).astype(np.int32))
+
+
+async def test_the_evaluation_of_a_training_process_shapes_examples_as_it_trained() -> None:
+    # A 784-input model trained on 28x28 images: evaluating it needs the training's
+    # feature shape, which build_fed_eval takes from the training process.
+    flat_model = functools.partial(softmax_regression, (784,), 10)
+    training = build_weighted_fed_avg(
+        flat_model, preprocess=Preprocessing(epochs=3, batch_size=6, feature_shape=(784,))
+    )
+    evaluation = build_fed_eval(flat_model, train_process=training)
+    clients = {"a": images(5, 1), "b": images(13, 2)}
+    flattened = {
+        client_id: ClientArrays(data.x.reshape(len(data.y), 784), data.y)
+        for client_id, data in clients.items()
+    }
+    weights = training.get_model_weights(training.initialize())
+    async with LocalContext(max_workers=2):
+        on_images = await evaluate_once(evaluation, weights, InMemoryDataSource(clients))
+        on_flat = await evaluate_once(
+            build_fed_eval(flat_model), weights, InMemoryDataSource(flattened)
+        )
+
+    assert evaluation.preprocess == Preprocessing(
+        epochs=1, batch_size=6, shuffle_buffer=0, feature_shape=(784,)
+    )
+    metrics = on_images["client_work"]["eval"]["current_round_metrics"]
+    assert metrics["num_examples"] == 18
+    assert metrics == pytest.approx(on_flat["client_work"]["eval"]["current_round_metrics"])
+
+
+async def test_a_given_preprocess_wins_over_the_training_process() -> None:
+    training = build_weighted_fed_avg(SMALL_MODEL, preprocess=Preprocessing(batch_size=3))
+    given = Preprocessing(epochs=1, batch_size=50, shuffle_buffer=0)
+    assert build_fed_eval(SMALL_MODEL, preprocess=given, train_process=training).preprocess == given
+    with pytest.raises(TypeError, match="train_process must be a WeightedFedAvg or None, got str"):
+        build_fed_eval(SMALL_MODEL, train_process="fedavg")

@@ -50,12 +50,23 @@ async def test_cnn_needs_a_square_image(shape) -> None:
         cnn(shape)
 
 
-@pytest.mark.parametrize("shape", [(), (0,), (28, -1), (2.0,), (True,)], ids=str)
-async def test_input_shapes_must_be_positive_ints(shape) -> None:
-    with pytest.raises(ValueError, match="input_shape must be positive ints, got"):
+@pytest.mark.parametrize(
+    ("shape", "error", "message"),
+    [
+        ((), ValueError, r"input_shape must be a non-empty tuple of ints >= 1, got \(\)"),
+        ((0,), ValueError, r"input_shape must be .* got \(0,\)"),
+        ((28, -1), ValueError, r"input_shape must be .* got \(28, -1\)"),
+        ((2.0,), TypeError, r"input_shape must be .* got tuple \(2.0,\)"),
+        ((True,), TypeError, r"input_shape must be .* got tuple \(True,\)"),
+        (784, TypeError, r"input_shape must be .* got int 784"),
+    ],
+    ids=str,
+)
+async def test_input_shapes_must_be_positive_ints(shape, error, message) -> None:
+    with pytest.raises(error, match=message):
         softmax_regression(shape)
 
 
 async def test_build_model_refuses_unknown_names() -> None:
-    with pytest.raises(ValueError, match="model must be one of softmax, mlp, cnn, got 'rnn'"):
+    with pytest.raises(ValueError, match="name must be one of 'softmax', 'mlp', 'cnn', got 'rnn'"):
         build_model("rnn", (64,))
