@@ -33,7 +33,6 @@ from managers import (
     MemoryReleaseManager,
     ModelFileReleaseManager,
     PeriodicReleaseManager,
-    ReleaseManager,
     TensorBoardReleaseManager,
 )
 from managers.structure import flatten
@@ -46,12 +45,6 @@ sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.
 
 from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
     EventAccumulator,
-)
-
-MEMORY_DROPS_AN_EARLIER_SUCCESS = pytest.mark.xfail(
-    strict=True,
-    reason="defect: MemoryReleaseManager drops an earlier release of a key when a later "
-    "overlapping release of that key fails (fixed on branch validation)",
 )
 
 
@@ -82,14 +75,6 @@ class TestMemoryReleaseManager(ReleaseManagerContract):
         manager = MemoryReleaseManager()
         return ReleaseSubject(manager, manager.values)
 
-    @MEMORY_DROPS_AN_EARLIER_SUCCESS
-    async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-        self, subject: ReleaseSubject, manager: ReleaseManager
-    ) -> None:
-        await super().test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-            subject, manager
-        )
-
 
 class TestBoundedMemoryReleaseManager(TestMemoryReleaseManager):
     """A bound larger than the keys the suite releases drops nothing."""
@@ -108,14 +93,6 @@ class TestPeriodicReleaseManagerEveryKey(ReleaseManagerContract):
             PeriodicReleaseManager(memory, 1),
             memory.values,
             reopen=lambda: PeriodicReleaseManager(memory, 1),
-        )
-
-    @MEMORY_DROPS_AN_EARLIER_SUCCESS
-    async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-        self, subject: ReleaseSubject, manager: ReleaseManager
-    ) -> None:
-        await super().test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-            subject, manager
         )
 
 
@@ -140,19 +117,6 @@ class TestPeriodicReleaseManagerEveryThirtyMinutes(ReleaseManagerContract):
 
         return ReleaseSubject(periodic(), memory.values, reopen=periodic)
 
-    @MEMORY_DROPS_AN_EARLIER_SUCCESS
-    async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-        self, subject: ReleaseSubject, manager: ReleaseManager
-    ) -> None:
-        await super().test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-            subject, manager
-        )
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="defect: PeriodicReleaseManager's timedelta cadence starts afresh in a "
-        "restarted program (fixed on branch validation)",
-    )
     async def test_the_cadence_survives_a_restart(self) -> None:
         memory, clock = MemoryReleaseManager(), FakeClock()
         cadence = MemoryProgramStateManager(keep_total=1)
@@ -179,14 +143,6 @@ class TestDelayedReleaseManager(ReleaseManagerContract):
             DelayedReleaseManager(memory, 0),
             memory.values,
             reopen=lambda: DelayedReleaseManager(memory, 0),
-        )
-
-    @MEMORY_DROPS_AN_EARLIER_SUCCESS
-    async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-        self, subject: ReleaseSubject, manager: ReleaseManager
-    ) -> None:
-        await super().test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
-            subject, manager
         )
 
 
