@@ -51,7 +51,7 @@ ROUNDS = 4
 FAILING_ROUND = 3
 EVALUATED_ROUND = 2  # every second round is evaluated; this one's evaluation may fail
 
-FAILURES = ["next", "save", "metrics release", "model release", "evaluation", "should_stop"]
+FAILURES = ["next", "save", "metrics release", "model release", "evaluation", "stopping policy"]
 
 
 class Boom(Exception):
@@ -167,7 +167,7 @@ class Program:
                     evaluation_manager=evaluation_manager,
                     evaluation_periodicity=EVALUATED_ROUND,
                     clock=self.clock,
-                    stopping=NeverStops(boom if fails("should_stop") else None, FAILING_ROUND),
+                    stopping=NeverStops(boom if fails("stopping policy") else None, FAILING_ROUND),
                     seed=5,
                 )
             finally:
