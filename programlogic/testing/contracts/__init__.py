@@ -18,5 +18,13 @@ implementations are the suites' first users: see ``tests/contracts/``.
 """
 
 from programlogic.testing.contracts._base import Contract
+from programlogic.testing.contracts.context import FederatedContextContract
+from programlogic.testing.contracts.data import FederatedDataSourceContract
+from programlogic.testing.contracts.process import LearningProcessContract
 
-__all__ = ["Contract"]
+__all__ = [
+    "Contract",
+    "FederatedContextContract",
+    "FederatedDataSourceContract",
+    "LearningProcessContract",
+]
