@@ -138,7 +138,9 @@ class ClientSampler:
         seed: int,
         sampling: Sampling | str = Sampling.UNIFORM,
     ) -> None:
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int >= 0, got {type(seed).__name__} {seed!r}")
+        if seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         self._handles = sorted(handles)
         if not self._handles:
@@ -157,7 +159,11 @@ class ClientSampler:
                 f"cannot select {k} distinct clients from {count} clients; "
                 f"lower k or sample with replacement"
             )
-        if not isinstance(round_num, int) or isinstance(round_num, bool) or round_num < 0:
+        if not isinstance(round_num, int) or isinstance(round_num, bool):
+            raise TypeError(
+                f"round_num must be an int >= 0, got {type(round_num).__name__} {round_num!r}"
+            )
+        if round_num < 0:
             raise ValueError(f"round_num must be an int >= 0, got {round_num!r}")
         stream = "fixed" if self._sampling is Sampling.FIXED else str(round_num)
         words = _random_words(f"{self._seed}/{stream}", k)

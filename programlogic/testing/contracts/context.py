@@ -406,7 +406,10 @@ def _data_of(broadcast: Any, client_id: str, data: Any) -> Any:
 
 
 def _group_echo(broadcast: int, client_ids: Sequence[str], datas: Sequence[int]) -> list[tuple]:
-    return [(cid, broadcast + data, len(client_ids)) for cid, data in zip(client_ids, datas)]
+    return [
+        (cid, broadcast + data, len(client_ids))
+        for cid, data in zip(client_ids, datas, strict=True)
+    ]
 
 
 def _append(total: list[Any], result: Any) -> list[Any]:

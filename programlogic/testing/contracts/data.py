@@ -162,7 +162,7 @@ class FederatedDataSourceContract(Contract):
         for bad in (1.0, "1", None):
             with pytest.raises(TypeError, match="round"):
                 iterator.select(1, bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="round.*-1"):
+        with pytest.raises(ValueError, match=r"round.*-1"):
             iterator.select(1, -1)
 
     async def test_a_wrong_seed_is_a_type_or_value_error_naming_the_seed(
@@ -172,7 +172,7 @@ class FederatedDataSourceContract(Contract):
         for bad in (1.0, "1", None):
             with pytest.raises(TypeError, match="seed"):
                 source.iterator(bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="seed.*-1"):
+        with pytest.raises(ValueError, match=r"seed.*-1"):
             source.iterator(-1)
 
     # Describing the sampling.
