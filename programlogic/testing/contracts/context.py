@@ -49,6 +49,9 @@ The wait ends as soon as the file appears; the limit only matters when the conte
 breaks a promise (the file never comes), and then the test fails instead of hanging.
 """
 
+WORK_S = 1.0
+"""How long the client work of the cancellation test computes (it is cancelled meanwhile)."""
+
 
 class FederatedContextContract(Contract):
     """The promises every :class:`~programlogic.context.FederatedContext` keeps.
@@ -323,26 +326,27 @@ class FederatedContextContract(Contract):
         assert caught.value.client_ids == ("c2", "c3")
         assert isinstance(caught.value.error, ZeroDivisionError)
 
-    async def test_a_call_after_a_cancelled_one_completes(
+    async def test_a_cancelled_call_leaves_no_work_running_and_the_next_call_completes(
         self, make_context: Callable[[], FederatedContext], tmp_path: Path
     ) -> None:
-        cancelled = tmp_path / "cancelled"
-        cancelled.mkdir()
         async with make_context() as context:
             count = context.parallelism + 3
             async with anyio.create_task_group() as group:
-                group.start_soon(context.map_clients, _wait_for_go, str(cancelled), _handles(count))
-                await _until_exists(cancelled / "started-c0")
+                group.start_soon(context.map_clients, _work_a_while, str(tmp_path), _handles(count))
+                await _until_exists(tmp_path / "started-c0")
                 group.cancel_scope.cancel()
-                (cancelled / "go").touch()
-            started = _markers(cancelled, "started-")
-            ended = _markers(cancelled, "ended-")
-            assert started == ended, "client work of the cancelled call still runs"
+            started = _markers(tmp_path, "started-")
+            running = [
+                client_id
+                for client_id, pid in started.items()
+                if client_id not in _markers(tmp_path, "ended-") and _alive(int(pid))
+            ]
+            assert running == [], "client work of the cancelled call still runs"
             assert await context.map_clients(_echo, 2, _handles(count)) == [
                 (2, f"c{i}", i) for i in range(count)
             ]
             assert await context.run(pow, 2, 5) == 32
-            assert _markers(cancelled, "started-") == started
+            assert _markers(tmp_path, "started-") == started, "a cancelled client started late"
         assert len(started) < count, "the cancelled call ran every client"
 
     # Background work.
@@ -485,8 +489,32 @@ def _last_waits_for_the_first_to_be_folded(
     return _wait_until_exists(Path(consumed))
 
 
-def _markers(folder: Path, prefix: str) -> set[str]:
-    return {path.name.removeprefix(prefix) for path in folder.glob(f"{prefix}*")}
+def _work_a_while(directory: str, client_id: str, data: Any) -> None:
+    """Client work of :data:`WORK_S` that marks its start (with its process id) and end."""
+    folder = Path(directory)
+    partial = folder / f"partial-{client_id}"
+    partial.write_text(str(os.getpid()))
+    partial.replace(folder / f"started-{client_id}")  # whole, or not there at all
+    try:
+        time.sleep(WORK_S)
+    finally:
+        (folder / f"ended-{client_id}").touch()
+
+
+def _markers(folder: Path, prefix: str) -> dict[str, str]:
+    """What the marker files ``<prefix><client id>`` in ``folder`` hold, by client id."""
+    return {path.name.removeprefix(prefix): path.read_text() for path in folder.glob(f"{prefix}*")}
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process ``pid`` still runs (this process always does)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def _until_exists(path: Path) -> None:
