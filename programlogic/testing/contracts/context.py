@@ -306,6 +306,7 @@ class FederatedContextContract(Contract):
         assert caught.value.client_ids == ("c3",)
         assert isinstance(caught.value.error, ZeroDivisionError)
         assert str(caught.value.error) == "no examples on c3"
+        assert caught.value.__cause__ is caught.value.error
 
     async def test_a_failing_loader_fails_the_call_with_client_error_naming_it(
         self, make_context: Callable[[], FederatedContext]
