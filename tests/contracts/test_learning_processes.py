@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from programlogic import ClientHandle, InMemoryDataSource
+from programlogic import ClientHandle, InMemoryDataSource, LearningProcessOutput
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.testing import FakeDataSource, FakeLearningProcess
 from programlogic.testing.contracts import LearningProcessContract
@@ -26,6 +26,36 @@ class TestFakeLearningProcess(LearningProcessContract):
     @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
         return FakeDataSource(5, dim=3).iterator(1).select(3, 1)
+
+
+class SyncRunningMean:
+    """A process whose four methods are plain functions: next runs through context.run."""
+
+    def initialize(self) -> dict:
+        return {"mean": np.zeros(3), "examples": np.int64(0)}
+
+    def next(self, state: dict, clients: Sequence[ClientHandle]) -> LearningProcessOutput:
+        datas = [np.asarray(client.load()) for client in clients]
+        examples = state["examples"] + sum(len(data) for data in datas)
+        total = state["mean"] * state["examples"] + sum(data.sum(axis=0) for data in datas)
+        metrics = {"client_work": {"train": {"num_examples": int(examples)}}}
+        return LearningProcessOutput({"mean": total / examples, "examples": examples}, metrics)
+
+    def get_model_weights(self, state: dict) -> np.ndarray:
+        return state["mean"]
+
+    def set_model_weights(self, state: dict, weights: np.ndarray) -> dict:
+        return {**state, "mean": np.asarray(weights, dtype=np.float64)}
+
+
+class TestSyncLearningProcess(LearningProcessContract):
+    @pytest.fixture
+    def process(self) -> SyncRunningMean:
+        return SyncRunningMean()
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return FakeDataSource(4, dim=3).all_clients()
 
 
 @functools.cache

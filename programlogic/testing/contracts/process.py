@@ -143,12 +143,6 @@ class LearningProcessContract(Contract):
         self.assert_same(second.state, first.state)
         self.assert_same(second.metrics, first.metrics)
 
-    async def test_initialize_gives_equal_states(
-        self, process: LearningProcess, context: FederatedContext
-    ) -> None:
-        first = await as_async(process.initialize)()
-        self.assert_same(await as_async(process.initialize)(), first)
-
     # Weights.
 
     async def test_set_model_weights_then_get_model_weights_round_trips(
@@ -165,9 +159,6 @@ class LearningProcessContract(Contract):
         self.assert_same(await get_weights(await set_weights(trained, weights)), weights)
         moved = await set_weights(initial, weights)
         self.assert_same(await get_weights(moved), weights)
-        self.assert_same(
-            await get_weights(initial), await get_weights(await as_async(process.initialize)())
-        )
 
     # Resuming.
 
