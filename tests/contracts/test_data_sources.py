@@ -1,5 +1,6 @@
 """The data sources of the library kept to the FederatedDataSource contract."""
 
+import gzip
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +59,25 @@ class TestFashionMnistDataSource(FederatedDataSourceContract):
     @pytest.fixture
     def make_source(self):
         return lambda: load_fashion_mnist(20, alpha=0.5, num_test_clients=2, seed=1).train
+
+
+class TestFashionMnistLayoutDataSource(FederatedDataSourceContract):
+    """The Fashion-MNIST loader on small files of its layout (IDX, gzipped)."""
+
+    @pytest.fixture
+    def make_source(self, tmp_path: Path):
+        for prefix, count in (("train", 120), ("t10k", 20)):
+            images = np.arange(count * 28 * 28).reshape(count, 28, 28) % 256
+            write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", images)
+            write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", np.arange(count) % 10)
+        return lambda: load_fashion_mnist(8, num_test_clients=2, seed=3, path=tmp_path).train
+
+
+def write_idx(file: Path, array: np.ndarray) -> None:
+    """``array`` as an IDX file of unsigned bytes, gzipped."""
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(n.to_bytes(4, "big") for n in array.shape)
+    with gzip.open(file, "wb") as stream:
+        stream.write(header + array.astype(np.uint8).tobytes())
 
 
 class TestEmnistHDF5DataSource(FederatedDataSourceContract):
