@@ -57,13 +57,18 @@ class FederatedContextContract(Contract):
     """The promises every :class:`~programlogic.context.FederatedContext` keeps.
 
     Override the ``make_context`` fixture: a zero-argument callable returning a new,
-    not yet entered context. Besides the base class's docstring, the suite holds the
-    context to two habits of the library's backends: ``run`` and ``map_clients`` on a
-    context that is not entered raise ``RuntimeError`` saying it is "not entered", and
-    an invalid ``group_size`` is a ``ValueError`` naming it. Set ``streams_aggregation = False`` if the context keeps
+    not yet entered context. Set ``streams_aggregation = False`` if the context keeps
     the base class's ``aggregate_clients``, which folds the results once every client
     has finished instead of as they arrive. To leave out a test that cannot apply to
     your backend, set its name to ``None`` in your subclass, and say why there.
+
+    Beyond the base class's docstring, the suite holds a context to habits of the
+    library's backends: ``run`` and ``map_clients`` on a context that is not entered
+    raise ``RuntimeError`` saying it is "not entered"; an invalid ``group_size`` is a
+    ``ValueError`` naming it; a ``ClientError`` keeps the client's error as its
+    ``__cause__`` even when it comes from another process; and a cancelled call
+    returns only once the client work it started has finished or been interrupted
+    (work cut short runs its ``finally`` clauses, or its process is gone).
     """
 
     streams_aggregation: bool = True

@@ -21,7 +21,7 @@ process needs another context than :class:`~programlogic.contexts.local.LocalCon
 The suite calls the process as ``train_model`` does: each method may be sync or async,
 a sync one runs through the current context (:func:`~programlogic.process.as_async`).
 States and weights are compared leaf by leaf, bit for bit, with
-:meth:`LearningProcessContract.assert_same` ; override it for a process that is
+:meth:`LearningProcessContract.assert_same`; override it for a process that is
 deterministic only up to a tolerance.
 """
 
