@@ -118,6 +118,7 @@ class LearningProcessContract(Contract):
         paths = [path for path, _ in flatten(output.metrics)]
         assert paths, "next returned no metrics"
         assert all(isinstance(path, str) and path for path in paths)
+        dumps(output.metrics)  # train_model saves a round's metrics with its checkpoint
         assert flatten(output.state), "next returned an empty state"
 
     async def test_next_does_not_change_the_state_it_was_given(
