@@ -17,10 +17,17 @@ pytest and trio; anyio's pytest plugin runs the coroutines). The library's own
 implementations are the suites' first users: see ``tests/contracts/``.
 """
 
-from programlogic.testing.contracts._base import Contract
-from programlogic.testing.contracts.context import FederatedContextContract
-from programlogic.testing.contracts.data import FederatedDataSourceContract
-from programlogic.testing.contracts.process import LearningProcessContract
+import pkgutil
+
+import pytest
+
+# Failed assertions of the suites explain themselves, as those of a test module do.
+pytest.register_assert_rewrite(*(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__)))
+
+from programlogic.testing.contracts._base import Contract  # noqa: E402
+from programlogic.testing.contracts.context import FederatedContextContract  # noqa: E402
+from programlogic.testing.contracts.data import FederatedDataSourceContract  # noqa: E402
+from programlogic.testing.contracts.process import LearningProcessContract  # noqa: E402
 
 __all__ = [
     "Contract",
