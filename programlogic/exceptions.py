@@ -53,6 +53,7 @@ class ClientError(ProgramLogicError):
         else:
             who = f"the group of clients {list(self.client_ids)!r}"
         super().__init__(f"the work of {who} failed: {type(error).__name__}: {error}")
+        self.__cause__ = error  # also when unpickled: remote backends ship it between processes
 
     def __reduce__(self):  # pickled by backends that ship errors between processes
         return (type(self), (self.client_ids, self.error))

@@ -25,6 +25,9 @@ import pytest
 pytest.register_assert_rewrite(*(f"{__name__}.{module.name}" for module in iter_modules(__path__)))
 
 from programlogic.testing.contracts._base import Contract  # noqa: E402
+from programlogic.testing.contracts.context import FederatedContextContract  # noqa: E402
+from programlogic.testing.contracts.data import FederatedDataSourceContract  # noqa: E402
+from programlogic.testing.contracts.process import LearningProcessContract  # noqa: E402
 from programlogic.testing.contracts.release import (  # noqa: E402
     Capabilities,
     ReleaseManagerContract,
@@ -36,6 +39,9 @@ from programlogic.testing.contracts.stopping import StoppingPolicyContract  # no
 __all__ = [
     "Capabilities",
     "Contract",
+    "FederatedContextContract",
+    "FederatedDataSourceContract",
+    "LearningProcessContract",
     "ProgramStateManagerContract",
     "ReleaseManagerContract",
     "ReleaseSubject",

@@ -1,0 +1,46 @@
+"""The examples that show users how to check their own implementations with the kit pass.
+
+Every python block of README.md and docs/readme/*.md that imports from
+``programlogic.testing.contracts`` is a test file of a user: it runs as one, in a
+fresh pytest process, with this checkout first on the import path.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+ROOT = pathlib.Path(__file__).parent.parent.parent
+
+
+def kit_examples() -> list[str]:
+    files = [ROOT / "README.md", *sorted((ROOT / "docs" / "readme").glob("*.md"))]
+    blocks: dict[str, None] = {}
+    for file in files:
+        if file.exists():
+            for block in re.findall(r"```python\n(.*?)```", file.read_text(), flags=re.DOTALL):
+                if "from programlogic.testing.contracts import" in block:
+                    blocks[block] = None
+    return list(blocks)
+
+
+@pytest.mark.parametrize("suite", ["FederatedContext", "FederatedDataSource", "LearningProcess"])
+async def test_an_example_subclasses_each_suite_and_passes_it(tmp_path, suite: str) -> None:
+    example = next(block for block in kit_examples() if f"({suite}Contract)" in block)
+    (tmp_path / "test_example.py").write_text(example)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_example.py"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert re.search(r"\d+ passed", completed.stdout)
+    assert "failed" not in completed.stdout
