@@ -175,7 +175,7 @@ async def test_a_manager_in_another_process_locks_the_directory(tmp_path):
     async with await anyio.open_process(
         [sys.executable, "-c", holder, str(tmp_path)], stderr=None
     ) as process:
-        with anyio.fail_after(30):
+        with anyio.fail_after(30):  # a hang guard: the holder prints as soon as it locked
             assert await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 99) == (
                 b"locked"
             )
