@@ -29,6 +29,7 @@ pytestmark = pytest.mark.anyio
 
 LOCK_NAME = ".plstate.lock"
 SAVER_PATH = Path(__file__).with_name("_state_saver.py")
+REPOSITORY = Path(__file__).parents[2]
 
 
 def _import_saver() -> Any:
@@ -563,7 +564,15 @@ async def test_sigkill_at_every_point_of_a_save_leaves_a_complete_latest_version
     the one being saved (cut after it)."""
     assert sorted(LEFT_BY_A_KILL_AT) == sorted(saver.KILL_POINTS)
     root = tmp_path / "state"
-    environment = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    environment = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        # The saver imports the managers of this checkout, not an installed copy.
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])
+        ),
+    }
     command = [sys.executable, str(SAVER_PATH), anyio_backend]
     next_version = 0
     async with await anyio.open_process(command, stderr=None, env=environment) as process:

@@ -1,6 +1,7 @@
 """A real training program killed with SIGKILL at each stage of a round resumes to the
 same result as the run that was never interrupted."""
 
+import os
 import re
 import signal
 import subprocess
@@ -17,6 +18,12 @@ from programlogic import final_model_key
 pytestmark = pytest.mark.anyio
 
 PROGRAM = Path(__file__).with_name("_training_program.py")
+REPOSITORY = Path(__file__).parents[2]
+# The program imports the code of this checkout, not an installed copy.
+ENVIRONMENT = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+}
 ROUNDS = 60
 
 # Where the successive runs of one program kill themselves (see _training_program.py),
@@ -35,7 +42,7 @@ KILLS = [
 async def run(root: Path, backend: str, *kill: str | int) -> subprocess.CompletedProcess[bytes]:
     command = [sys.executable, str(PROGRAM), str(root), str(ROUNDS), backend, *map(str, kill)]
     with anyio.fail_after(120):  # a hang guard: a run takes a few seconds
-        return await anyio.run_process(command, check=False)
+        return await anyio.run_process(command, check=False, env=ENVIRONMENT)
 
 
 def newest_version(root: Path) -> int:
