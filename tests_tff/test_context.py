@@ -6,6 +6,7 @@ import os
 import threading
 
 import anyio
+import anyio.to_thread
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -31,27 +32,30 @@ def alive(pid: int) -> bool:
 
 
 async def test_computations_run_on_one_thread_of_the_context_off_the_event_loop() -> None:
-    ticks = 0
+    # Each call blocks its thread until a task of the event loop has answered it.
+    calls = [(threading.Event(), threading.Event()) for _ in range(2)]
 
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await anyio.sleep(0.01)
+    def add_one_once_the_loop_answered(x: int, call: int) -> tuple[int, bool, str]:
+        computing, answered = calls[call]
+        computing.set()
+        loop_ran = answered.wait(30)  # a hang guard: False only if the loop was blocked
+        return add_one(x), loop_ran, threading.current_thread().name
 
-    def slow_add_one(x: int) -> tuple[int, str]:
-        threading.Event().wait(0.3)  # blocks its thread, not the event loop
-        return add_one(x), threading.current_thread().name
+    async def answer() -> None:
+        for computing, answered in calls:
+            assert await anyio.to_thread.run_sync(computing.wait, 30)
+            answered.set()
 
     async with TFFContext() as context, anyio.create_task_group() as group:
         assert get_context() is context
-        group.start_soon(tick)
-        first, thread = await context.run(slow_add_one, 1)
-        second, same_thread = await context.run(slow_add_one, first)
-        group.cancel_scope.cancel()
+        group.start_soon(answer)
+        first, loop_ran_first, thread = await context.run(add_one_once_the_loop_answered, 1, 0)
+        second, loop_ran_second, same_thread = await context.run(
+            add_one_once_the_loop_answered, first, 1
+        )
     assert (first, second) == (2, 3)
+    assert loop_ran_first and loop_ran_second
     assert thread == same_thread != threading.current_thread().name
-    assert ticks >= 20
 
 
 async def test_tff_computations_elsewhere_do_not_use_the_contexts_runtime() -> None:

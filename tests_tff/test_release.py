@@ -7,10 +7,11 @@ import collections
 import csv
 import dataclasses
 import math
-import time
+import threading
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import attrs
 import numpy as np
 import pytest
@@ -274,35 +275,34 @@ async def test_errors_cross_the_boundary_unchanged() -> None:
 async def test_tff_managers_write_off_the_event_loop_under_asyncio_and_trio(
     tmp_path: Path,
 ) -> None:
+    # Each release blocks its thread until a task of the event loop has answered it.
+    calls = {key: (threading.Event(), threading.Event()) for key in (1, 2)}
+
     class SlowDisk(tff.program.ReleaseManager):
         """Blocks in release, as TFF's file managers do while they write."""
 
         def __init__(self) -> None:
-            self.released: list[tuple[object, object]] = []
+            self.released: list[tuple[object, object, bool]] = []
 
         async def release(self, value: object, key: object) -> None:
-            time.sleep(0.2)
+            writing, answered = calls[key]
+            writing.set()
+            loop_ran = answered.wait(30)  # a hang guard: False only if the loop was blocked
             await asyncio.sleep(0)  # TFF's managers await asyncio inside
-            self.released.append((value, key))
+            self.released.append((value, key, loop_ran))
+
+    async def answer(key: int) -> None:
+        writing, answered = calls[key]
+        assert await anyio.to_thread.run_sync(writing.wait, 30)
+        answered.set()
 
     slow = SlowDisk()
     manager = TFFReleaseManager(slow)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await anyio.sleep(0.01)
-            ticks += 1
-
     async with anyio.create_task_group() as group:
-        group.start_soon(tick)
-        async with anyio.create_task_group() as releases:
-            for key in (1, 2):
-                releases.start_soon(manager.release, {"loss": 0.5}, key)
-        group.cancel_scope.cancel()
-    assert sorted(key for _, key in slow.released) == [1, 2]
-    assert ticks >= 10  # the loop ran on while the TFF manager blocked, 0.2 s a release
+        for key in (1, 2):
+            group.start_soon(answer, key)
+            group.start_soon(manager.release, {"loss": 0.5}, key)
+    assert sorted((key, loop_ran) for _, key, loop_ran in slow.released) == [(1, True), (2, True)]
     csv_manager = tff.program.CSVFileReleaseManager(str(tmp_path / "m.csv"))
     await TFFReleaseManager(csv_manager).release({"loss": 0.5}, 3)
     assert read_tff_csv(tmp_path / "m.csv") == [{"key": "3", "loss": "0.5"}]

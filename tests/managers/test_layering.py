@@ -59,7 +59,7 @@ print(json.dumps({"imported": imported, "leaked": leaked}))
 
 
 async def test_importing_managers_does_not_import_programlogic():
-    with anyio.fail_after(120):
+    with anyio.fail_after(120):  # a hang guard: importing takes seconds
         completed = await anyio.run_process(
             [sys.executable, "-c", _SUBPROCESS_CODE], cwd=ROOT_DIR, check=False
         )

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import numpy as np
 import pytest
 
@@ -384,9 +385,8 @@ async def test_writing_runs_off_the_event_loop(tmp_path):
 
     async with TensorBoardReleaseManager(tmp_path) as manager, anyio.create_task_group() as group:
         group.start_soon(manager.release, {"weights": SlowTensor()}, 1)
-        with anyio.fail_after(10):
-            while not converting.is_set():
-                await anyio.sleep(0.01)
+        # Waits in a thread of its own (a hang guard of 10 s); False if never converted.
+        assert await anyio.to_thread.run_sync(converting.wait, 10)
         may_finish.set()  # reached only while the release is still in its worker thread
     assert _histogram_tags(tmp_path) == ["weights"]
 

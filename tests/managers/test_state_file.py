@@ -7,17 +7,20 @@ import errno
 import importlib.util
 import logging
 import os
-import random
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 import numpy as np
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+import managers.state.file as file_module
 from managers.exceptions import ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError
 from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.anyio
 
 LOCK_NAME = ".plstate.lock"
 SAVER_PATH = Path(__file__).with_name("_state_saver.py")
+REPOSITORY = Path(__file__).parents[2]
 
 
 def _import_saver() -> Any:
@@ -172,7 +176,7 @@ async def test_a_manager_in_another_process_locks_the_directory(tmp_path):
     async with await anyio.open_process(
         [sys.executable, "-c", holder, str(tmp_path)], stderr=None
     ) as process:
-        with anyio.fail_after(30):
+        with anyio.fail_after(30):  # a hang guard: the holder prints as soon as it locked
             assert await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 99) == (
                 b"locked"
             )
@@ -433,48 +437,80 @@ async def test_an_unstorable_state_leaves_no_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [LOCK_NAME, "program_state_0.plstate"]
 
 
-@pytest.mark.parametrize("delay", [0, 0.001, 0.005, 0.02, 0.05])
-async def test_a_cancelled_save_is_complete_or_absent(tmp_path, delay):
-    big = state_of(1, 4_000_000)
+class CancelsWhenConverted:
+    """A leaf whose conversion to an array, done in the save's worker thread, cancels
+    ``scope``: a cancellation that arrives while the save is under way."""
+
+    def __init__(self, scope: anyio.CancelScope) -> None:
+        self.scope = scope
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        anyio.from_thread.run_sync(self.scope.cancel)
+        return np.arange(3)
+
+
+@pytest.mark.parametrize("cancelled", ["before the save", "while it runs"])
+async def test_a_cancelled_save_is_complete_or_absent(tmp_path, cancelled):
     async with FileProgramStateManager(tmp_path) as manager:
         await manager.save(state_of(0), 0)
-        with anyio.move_on_after(delay):
+        with anyio.CancelScope() as scope:
+            big = {**state_of(1, 4_000_000), "probe": CancelsWhenConverted(scope)}
+            if cancelled == "before the save":
+                scope.cancel()
             await manager.save(big, 1)
         # Already when the cancelled call returns, nothing is being written any more.
         assert hidden_files(tmp_path) == []
-        on_disk = visible_files(tmp_path)
-        assert on_disk in (
-            ["program_state_0.plstate"],
-            [f"program_state_{v}.plstate" for v in (0, 1)],
-        )
-        versions = await manager.get_versions()
-        assert versions == [int(name.split("_")[-1].split(".")[0]) for name in on_disk]
-        if versions == [0, 1]:
-            assert_state_equal(await manager.load(1), big)
+        if cancelled == "before the save":  # its thread never started: absent
+            assert visible_files(tmp_path) == ["program_state_0.plstate"]
+            assert await manager.get_versions() == [0]
+        else:  # its thread had started: it finished, complete
+            assert visible_files(tmp_path) == [f"program_state_{v}.plstate" for v in (0, 1)]
+            assert await manager.get_versions() == [0, 1]
+            assert_state_equal(await manager.load(1), {**big, "probe": np.arange(3)})
         await manager.save(state_of(2), 2)  # the manager is still usable
         assert (await manager.get_versions())[-1] == 2
 
 
-async def test_saving_and_loading_do_not_block_the_event_loop(tmp_path):
-    big = state_of(0, 5_000_000)
-    ticks = 0
+class LoopWatch:
+    """Tells a worker thread whether the event loop ran a task while the thread waited."""
 
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await anyio.sleep(0.001)
-            ticks += 1
+    def __init__(self) -> None:
+        self._in_thread = threading.Event()
+        self._loop_ran = threading.Event()
 
+    def wait_in_thread(self) -> bool:
+        """Called in the worker thread; True once the event loop answered."""
+        self._in_thread.set()
+        return self._loop_ran.wait(timeout=30)  # a hang guard: False only if blocked
+
+    async def answer(self) -> None:
+        """Runs on the event loop: answers the worker thread as soon as it waits."""
+        assert await anyio.to_thread.run_sync(self._in_thread.wait, 30)
+        self._loop_ran.set()
+
+
+async def test_saving_and_loading_do_not_block_the_event_loop(tmp_path, monkeypatch):
+    """While a save writes its file and a load reads it, the event loop runs tasks."""
+    watches = {"write": LoopWatch(), "read": LoopWatch()}
+    answered: list[tuple[str, bool]] = []
+
+    def watched(name: str, function: Any) -> Any:
+        def wrapper(*args: Any) -> Any:
+            answered.append((name, watches[name].wait_in_thread()))
+            return function(*args)
+
+        return wrapper
+
+    monkeypatch.setattr(file_module, "_write_all", watched("write", file_module._write_all))
+    monkeypatch.setattr(file_module, "_read_file", watched("read", file_module._read_file))
     async with FileProgramStateManager(tmp_path) as manager, anyio.create_task_group() as group:
-        await manager.get_versions()
-        group.start_soon(tick)
-        await anyio.sleep(0.01)
-        before = ticks
-        await manager.save(big, 0)
-        await manager.load_latest()
-        during = ticks - before
-        group.cancel_scope.cancel()
-    assert during >= 3
+        for watch in watches.values():
+            group.start_soon(watch.answer)
+        await manager.save(state_of(0), 0)
+        state, version = await manager.load_latest()
+    assert answered == [("write", True), ("read", True)]
+    assert version == 0
+    assert_state_equal(state, state_of(0))
 
 
 # Arguments.
@@ -514,61 +550,59 @@ async def test_root_dir_accepts_str_and_paths(tmp_path):
 
 # Processes killed while they save.
 
-KILLS = 50
+# The version that load_latest finds after a kill at each point of a save of version v.
+LEFT_BY_A_KILL_AT = {"writing": -1, "written": -1, "renamed": 0, "retiring": 0, "saved": 0}
+KILLS_AT_EACH_POINT = 6
 
 
-async def test_sigkill_at_random_instants_leaves_a_complete_latest_version(
+async def test_sigkill_at_every_point_of_a_save_leaves_a_complete_latest_version(
     tmp_path, anyio_backend, caplog
 ):
-    """A saver process is killed at 50 random (seeded) instants of its save loop; after
-    each kill a fresh manager loads the newest version that the saver reported saved, or
-    the one it was saving, complete."""
-    rng = random.Random(20261202)
+    """A saver process kills itself with SIGKILL at each point of a save in turn (half
+    written, written, renamed, retiring, returned), many times over; after each kill a
+    fresh manager loads, complete, the version saved before (cut before the rename) or
+    the one being saved (cut after it)."""
+    assert sorted(LEFT_BY_A_KILL_AT) == sorted(saver.KILL_POINTS)
     root = tmp_path / "state"
-    environment = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    environment = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        # The saver imports the managers of this checkout, not an installed copy.
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])
+        ),
+    }
     command = [sys.executable, str(SAVER_PATH), anyio_backend]
-    mid_save_kills = 0
     next_version = 0
     async with await anyio.open_process(command, stderr=None, env=environment) as process:
         lines = BufferedByteReceiveStream(process.stdout)
 
         async def read_line() -> list[str]:
-            with anyio.fail_after(30):
+            with anyio.fail_after(30):  # a hang guard: a line comes in milliseconds
                 return (await lines.receive_until(b"\n", 1000)).decode().split()
 
         assert await read_line() == ["ready"]
-        for _ in range(KILLS):
-            await process.stdin.send(f"start {root} {next_version}\n".encode())
-            # The parent's "child PID" and the child's first lines race to stdout.
-            pid, saving, saved = None, -1, -1
-            while pid is None or saved < 0:
-                word, number = await read_line()
-                if word == "child":
-                    pid = number
-                else:
-                    saving, saved = (
-                        (int(number), saved) if word == "saving" else (saving, int(number))
-                    )
-            await anyio.sleep(rng.uniform(0, 0.3))
-            os.kill(int(pid), signal.SIGKILL)
+        for point in saver.KILL_POINTS * KILLS_AT_EACH_POINT:
+            await process.stdin.send(f"start {root} {next_version} {point}\n".encode())
+            saving = -1
             while (line := await read_line())[0] != "exited":
                 assert len(line) == 2, line
-                word, number = line
-                saving, saved = (int(number), saved) if word == "saving" else (saving, int(number))
+                if line[0] == "saving":
+                    saving = int(line[1])
             assert os.waitstatus_to_exitcode(int(line[2])) == -signal.SIGKILL
-            mid_save_kills += saving > saved
+            assert saving > next_version  # killed in a save after its first one
 
             async with FileProgramStateManager(root, keep_total=saver.KEEP_TOTAL) as manager:
                 state, version = await manager.load_latest()
                 assert hidden_files(root) == []  # what the killed save left is removed
-            assert saved <= version <= saving
+            assert version == saving + LEFT_BY_A_KILL_AT[point], point
             assert_state_equal(state, saver.expected_state(version))
             next_version = version + 1
         await process.stdin.send(b"quit\n")
         assert await process.wait() == 0
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
     assert not [name for name in os.listdir(root) if "unreadable" in name]
-    assert mid_save_kills >= KILLS // 5, "too few kills landed inside a save to test anything"
 
 
 async def test_the_saved_states_depend_on_the_version_alone():

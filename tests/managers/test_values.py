@@ -157,7 +157,7 @@ async def test_materialize_awaits_references_concurrently():
         WaitsForOther(first_ran, second_ran, "a"),
         WaitsForOther(second_ran, first_ran, "b"),
     ]
-    with anyio.fail_after(5):
+    with anyio.fail_after(5):  # a hang guard: a sequential materialize would wait forever
         assert await materialize(structure) == ["a", "b"]
 
 
@@ -174,6 +174,7 @@ async def test_one_of_several_failing_references_raises_unwrapped():
             await anyio.sleep_forever()
 
     error = ValueError("boom")
+    # fail_after is a hang guard: the failure must cancel Forever, else this would hang.
     with anyio.fail_after(5), pytest.raises(ValueError, match="boom") as info:
         await materialize({"ok": blocked, "bad": Failing(error), "slow": Forever()})
     assert info.value is error
@@ -201,7 +202,7 @@ async def test_two_failing_references_raise_exception_group():
 
     first = ValueError("first")
     second = KeyError("second")
-    with anyio.fail_after(5), pytest.raises(ExceptionGroup) as info:
+    with anyio.fail_after(5), pytest.raises(ExceptionGroup) as info:  # a hang guard
         await materialize([FailsTogether(first), FailsTogether(second)])
     assert {id(error) for error in info.value.exceptions} == {id(first), id(second)}
     assert len(info.value.exceptions) == 2

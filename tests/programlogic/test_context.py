@@ -1,7 +1,9 @@
 import threading
-import time
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 import pytest
 
 from programlogic import (
@@ -18,11 +20,52 @@ from programlogic import (
 
 pytestmark = pytest.mark.anyio
 
+# How long a worker thread waits for the test before giving up: a hang guard only, the
+# tests synchronize on events and never on how long something takes.
+HANG_GUARD = 30
+
 
 def handles(count: int, data=None) -> list[ClientHandle]:
     return [
         ClientHandle(f"c{i}", (lambda i=i: i if data is None else data[i])) for i in range(count)
     ]
+
+
+class ThreadSignal:
+    """An event that a context's worker thread sets and the event loop awaits."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self._token = anyio.lowlevel.current_token()
+
+    def set(self) -> None:
+        anyio.from_thread.run_sync(self._event.set, token=self._token)
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+def reversed_in_groups_of(size: int):
+    """Client work whose results arrive in reverse client order within each group of
+    ``size`` consecutive clients (client i finishes after client i + 1 of its group),
+    and the list of the clients in arrival order. Needs ``size`` workers."""
+    finished: dict[int, threading.Event] = {}
+    lock = threading.Lock()
+    arrived: list[int] = []
+
+    def done(data: int) -> threading.Event:
+        with lock:
+            return finished.setdefault(data, threading.Event())
+
+    def work(broadcast: object, client_id: str, data: int) -> int:
+        if data % size != size - 1:
+            assert done(data + 1).wait(HANG_GUARD), f"client {data + 1} never finished"
+        with lock:
+            arrived.append(data)
+        done(data).set()
+        return data
+
+    return work, arrived
 
 
 async def test_outside_a_context_there_is_a_clear_error() -> None:
@@ -56,40 +99,49 @@ async def test_a_context_cannot_be_entered_twice_at_once() -> None:
 
 
 async def test_two_programs_in_one_event_loop_see_their_own_context() -> None:
-    seen: dict[str, list[bool]] = {"a": [], "b": []}
+    seen: dict[str, bool] = {}
+    entered: list[str] = []
+    both_entered = anyio.Event()
 
     async def program(name: str) -> None:
         async with LocalContext() as mine:
-            for _ in range(5):
-                await anyio.sleep(0.001)
-                seen[name].append(get_context() is mine)
+            entered.append(name)
+            if len(entered) == 2:
+                both_entered.set()
+            await both_entered.wait()  # the other program is inside its own context now
+            seen[name] = get_context() is mine
 
     async with anyio.create_task_group() as group:
         group.start_soon(program, "a")
         group.start_soon(program, "b")
-    assert seen == {"a": [True] * 5, "b": [True] * 5}
+    assert seen == {"a": True, "b": True}
 
 
 async def test_results_come_back_in_client_order_not_arrival_order() -> None:
-    def slow_first(broadcast: int, client_id: str, data: int) -> str:
-        time.sleep(0.05 * (4 - data))
-        return f"{client_id}:{data * broadcast}"
+    last_first, arrived = reversed_in_groups_of(4)
+
+    def work(broadcast: int, client_id: str, data: int) -> str:
+        return f"{client_id}:{last_first(broadcast, client_id, data) * broadcast}"
 
     async with LocalContext(max_workers=4) as context:
-        results = await context.map_clients(slow_first, 10, handles(4))
+        results = await context.map_clients(work, 10, handles(4))
+    assert arrived == [3, 2, 1, 0]
     assert results == ["c0:0", "c1:10", "c2:20", "c3:30"]
 
 
 async def test_aggregate_consumes_results_in_client_order() -> None:
-    def work(broadcast: None, client_id: str, data: int) -> int:
-        time.sleep(0.01 * ((7 * data) % 5))
-        return data
+    first, first_arrived = reversed_in_groups_of(3)
+    second, second_arrived = reversed_in_groups_of(3)
 
     async with LocalContext(max_workers=3) as context:
         order = await context.aggregate_clients(
-            work, None, handles(12), lambda acc, r: [*acc, r], []
+            first, None, handles(12), lambda acc, r: [*acc, r], []
         )
-        total = await context.aggregate_clients(work, None, handles(12), lambda acc, r: acc + r, 0)
+        total = await context.aggregate_clients(
+            second, None, handles(12), lambda acc, r: acc + r, 0
+        )
+    for arrived in (first_arrived, second_arrived):
+        assert sorted(arrived) == list(range(12)) and arrived != sorted(arrived)
     assert order == list(range(12))
     assert total == sum(range(12))
 
@@ -109,13 +161,14 @@ async def test_client_data_is_loaded_on_the_worker_thread() -> None:
 async def test_work_is_bounded_by_max_workers() -> None:
     lock = threading.Lock()
     running = peak = 0
+    pair = threading.Barrier(2)
 
     def work(broadcast: None, client_id: str, data: int) -> int:
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        time.sleep(0.02)
+        pair.wait(HANG_GUARD)  # two clients compute at once, whichever threads run them
         with lock:
             running -= 1
         return data
@@ -175,19 +228,20 @@ async def test_no_clients_gives_no_results() -> None:
 
 
 async def test_client_work_does_not_block_the_event_loop() -> None:
-    ticks = 0
+    working, loop_ran = threading.Event(), threading.Event()
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await anyio.sleep(0.01)
-            ticks += 1
+    def work(broadcast: None, client_id: str, data: int) -> bool:
+        working.set()
+        return loop_ran.wait(HANG_GUARD)  # True once a task of the event loop ran meanwhile
+
+    async def on_the_event_loop() -> None:
+        assert await anyio.to_thread.run_sync(working.wait, HANG_GUARD)
+        loop_ran.set()
 
     async with LocalContext(max_workers=1) as context, anyio.create_task_group() as group:
-        group.start_soon(ticker)
-        await context.map_clients(lambda b, c, d: time.sleep(0.3), None, handles(1))
-        group.cancel_scope.cancel()
-    assert ticks >= 5
+        group.start_soon(on_the_event_loop)
+        results = await context.map_clients(work, None, handles(1))
+    assert results == [True]
 
 
 async def test_run_computes_off_the_event_loop_thread() -> None:
@@ -199,18 +253,28 @@ async def test_run_computes_off_the_event_loop_thread() -> None:
 
 async def test_a_cancelled_call_starts_no_further_clients() -> None:
     started: list[int] = []
+    first_started, may_finish = ThreadSignal(), threading.Event()
 
     def work(broadcast: None, client_id: str, data: int) -> int:
         started.append(data)
-        time.sleep(0.05)
+        first_started.set()
+        assert may_finish.wait(HANG_GUARD)
         return data
 
-    async with LocalContext(max_workers=1) as context:
-        with anyio.move_on_after(0.08):
+    async def cancel_while_the_first_client_runs(scope: anyio.CancelScope) -> None:
+        await first_started.wait()
+        scope.cancel()
+        await anyio.wait_all_tasks_blocked()  # the cancellation has reached map_clients
+        may_finish.set()
+
+    async with LocalContext(max_workers=1) as context, anyio.create_task_group() as group:
+        scope = anyio.CancelScope()
+        group.start_soon(cancel_while_the_first_client_runs, scope)
+        with scope:
             await context.map_clients(work, None, handles(20))
-        count = len(started)
-        await anyio.sleep(0.2)
-    assert count < 20 and len(started) == count
+    # Leaving the context joined its threads: nothing can start any more.
+    assert scope.cancelled_caught
+    assert started == [0]
 
 
 async def test_leaving_the_context_cancels_unfinished_background_work() -> None:
@@ -224,7 +288,7 @@ async def test_leaving_the_context_cancels_unfinished_background_work() -> None:
 
     async with LocalContext() as context:
         context.background.start_soon(forever)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()  # forever is running
     assert outcome == ["cancelled"]
     with pytest.raises(NoFederatedContextError, match="not entered"):
         context.background  # noqa: B018
@@ -238,7 +302,7 @@ async def test_background_failures_do_not_cancel_the_program_and_surface_at_exit
     with pytest.raises(KeyError, match="evaluation 3"):
         async with LocalContext() as context:
             context.background.start_soon(fail)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # fail has raised; this task goes on
             progress.append("still running")
     assert progress == ["still running"]
 
@@ -261,12 +325,17 @@ async def test_parallelism_is_the_number_of_workers() -> None:
 
 
 async def test_all_work_runs_on_the_context_s_own_threads_which_stop_when_it_is_left() -> None:
+    pair = threading.Barrier(2)
+
+    def in_pairs(*_: object) -> threading.Thread:
+        pair.wait(HANG_GUARD)  # both threads take part
+        return threading.current_thread()
+
     def thread_of(*_: object) -> threading.Thread:
-        time.sleep(0.001)
         return threading.current_thread()
 
     async with LocalContext(max_workers=2) as context:
-        first = await context.map_clients(thread_of, None, handles(20))
+        first = await context.map_clients(in_pairs, None, handles(20))
         second = await context.map_clients(thread_of, None, handles(20))
         server = await context.run(thread_of)
     threads = set(first) | set(second) | {server}
@@ -276,20 +345,25 @@ async def test_all_work_runs_on_the_context_s_own_threads_which_stop_when_it_is_
 
 
 async def test_a_cancelled_run_finishes_the_call_in_progress_and_withdraws_queued_ones() -> None:
-    started, finished, ran = threading.Event(), threading.Event(), []
+    started, may_finish, finished, ran = ThreadSignal(), threading.Event(), threading.Event(), []
 
     def slow() -> None:
         started.set()
-        time.sleep(0.2)
+        assert may_finish.wait(HANG_GUARD)
         finished.set()
 
+    async def finish_once_the_cancellation_is_handled() -> None:
+        await anyio.wait_all_tasks_blocked()
+        may_finish.set()
+
     async with LocalContext(max_workers=1) as context:
-        async with anyio.create_task_group() as group:
+        async with anyio.create_task_group() as outer, anyio.create_task_group() as group:
             group.start_soon(context.run, slow)
-            await anyio.to_thread.run_sync(started.wait)
+            await started.wait()
             group.start_soon(context.run, ran.append, "queued")
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # the queued call is handed in
             group.cancel_scope.cancel()
+            outer.start_soon(finish_once_the_cancellation_is_handled)
         assert finished.is_set()  # the running call was waited for
         # Calls run in the order handed in: had the queued one stayed, it would run first.
         assert await context.run(sum, [1, 2]) == 3

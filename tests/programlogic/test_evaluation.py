@@ -304,18 +304,23 @@ async def test_a_failing_evaluation_fails_train_model() -> None:
 
 async def test_leaving_the_context_cancels_loops_and_keeps_their_state() -> None:
     program = Program(duration=datetime.timedelta(days=1))
+    in_round_3 = anyio.Event()
 
-    class Slow(FakeLearningProcess):
+    class StuckInRound3(FakeLearningProcess):
         async def next(self, state, clients):
-            await anyio.sleep(0.01)
+            if state["rounds"] + 1 == 3:
+                in_round_3.set()
+                await anyio.sleep_forever()
             return await super().next(state, clients)
 
     async with LocalContext():
-        manager = program.manager(create_process_fn=lambda name: (Slow(), MemoryReleaseManager()))
+        manager = program.manager(
+            create_process_fn=lambda name: (StuckInRound3(), MemoryReleaseManager())
+        )
         await manager.start_evaluation(1, program.now(), np.zeros(2))
-        await anyio.sleep(0.05)
+        await in_round_3.wait()  # evaluation rounds 1 and 2 are saved
     versions = await program.store.managers["evaluation_of_round_1"].get_versions()
-    assert versions and versions[-1] >= 1
+    assert versions[-1] == 2
     assert program.aggregated.values() == {}
 
 
@@ -332,7 +337,6 @@ async def test_at_most_max_concurrent_evaluations_run_and_they_run_in_order() ->
                 peak = max(peak, running)
                 order.append(name)
                 await all_started.wait()
-                await anyio.sleep(0.001)
                 running -= 1
                 return await super().next(state, clients)
 
@@ -343,6 +347,7 @@ async def test_at_most_max_concurrent_evaluations_run_and_they_run_in_order() ->
         manager = program.manager(create_process_fn=counting)
         for train_round in range(100):
             await manager.start_evaluation(train_round, program.now(), np.zeros(2))
+        await anyio.wait_all_tasks_blocked()  # as many evaluations run as will be let
         all_started.set()
         await manager.wait_for_evaluations_to_finish()
     assert peak == 4

@@ -20,16 +20,22 @@ async def test_a_lone_failure_in_a_task_group_is_raised_as_itself() -> None:
 
 
 async def test_several_failures_in_a_task_group_surface_together() -> None:
+    arrived: list[Exception] = []
+    both_arrived = anyio.Event()
+
     async def fail(error: Exception) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.sleep(0.01)
+        arrived.append(error)
+        if len(arrived) == 2:
+            both_arrived.set()
+        with anyio.CancelScope(shield=True):  # the first failure cannot cancel the second
+            await both_arrived.wait()
         raise error
 
     with pytest.raises(ExceptionGroup) as caught:
         async with task_group() as group:
             group.start_soon(fail, KeyError("a"))
             group.start_soon(fail, IndexError("b"))
-            await anyio.sleep(0.05)
+            await anyio.sleep_forever()
     kinds = sorted(type(e).__name__ for e in caught.value.exceptions)
     assert kinds == ["IndexError", "KeyError"]
 
@@ -66,21 +72,31 @@ async def test_an_unwrapped_failure_keeps_its_own_cause() -> None:
 
 async def test_a_cancelled_task_group_stays_cancelled() -> None:
     finished = []
-    with anyio.move_on_after(0.01) as scope:
-        async with task_group() as group:
-            group.start_soon(anyio.sleep_forever)
-        finished.append(True)
+
+    async def cancel_once_blocked(scope: anyio.CancelScope) -> None:
+        await anyio.wait_all_tasks_blocked()  # the group is waiting for its task
+        scope.cancel()
+
+    async with anyio.create_task_group() as outer:
+        with anyio.CancelScope() as scope:
+            outer.start_soon(cancel_once_blocked, scope)
+            async with task_group() as group:
+                group.start_soon(anyio.sleep_forever)
+            finished.append(True)
     assert scope.cancelled_caught and not finished
 
 
 async def test_tracked_failures_wait_for_their_owner() -> None:
     done = []
+    failed = anyio.Event()
 
     async def fail() -> None:
+        failed.set()
         raise KeyError("eval")
 
     async def succeed() -> None:
-        await anyio.sleep(0.02)
+        await failed.wait()
+        await anyio.wait_all_tasks_blocked()  # the owner had every chance to return early
         done.append("other task finished")
 
     async with TaskTracker() as tracker:
@@ -106,17 +122,19 @@ async def test_several_tracked_failures_are_an_exception_group() -> None:
 
 async def test_start_returns_once_the_task_is_ready() -> None:
     steps = []
+    may_evaluate = anyio.Event()
 
     async def evaluation(*, task_status) -> None:
         steps.append("bookkeeping saved")
         task_status.started("ready")
-        await anyio.sleep(0.01)
+        await may_evaluate.wait()
         steps.append("evaluated")
 
     async with TaskTracker() as tracker:
         task = await tracker.start(evaluation)
         assert task.value == "ready" and not task.done
         assert steps == ["bookkeeping saved"]
+        may_evaluate.set()
         await tracker.wait()
     assert steps == ["bookkeeping saved", "evaluated"]
 
@@ -147,7 +165,7 @@ async def test_closing_cancels_running_tasks_and_raises_uncollected_failures() -
         async with TaskTracker() as tracker:
             tracker.start_soon(forever)
             tracker.start_soon(fail)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # forever runs and fail has failed
     assert cancelled == [True]
 
 
@@ -184,7 +202,7 @@ async def test_a_handle_of_a_successful_task_waits_for_it() -> None:
     steps = []
 
     async def work() -> None:
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()  # the handle's owner is waiting by now
         steps.append("done")
 
     async with TaskTracker() as tracker:

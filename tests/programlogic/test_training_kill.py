@@ -1,13 +1,14 @@
-"""A real training program killed with SIGKILL at random instants resumes to the same result."""
+"""A real training program killed with SIGKILL at each stage of a round resumes to the
+same result as the run that was never interrupted."""
 
-import random
+import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 
@@ -17,50 +18,56 @@ from programlogic import final_model_key
 pytestmark = pytest.mark.anyio
 
 PROGRAM = Path(__file__).with_name("_training_program.py")
+REPOSITORY = Path(__file__).parents[2]
+# The program imports the code of this checkout, not an installed copy.
+ENVIRONMENT = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])),
+}
 ROUNDS = 60
 
+# Where the successive runs of one program kill themselves (see _training_program.py),
+# and the newest checkpoint each kill leaves: it loses at most the round in flight, and
+# while round r computes, the save of round r - 1 may still be in flight.
+KILLS = [
+    ("computing", 5, (3, 4)),
+    ("saving", 12, (11, 11)),
+    ("saved", 20, (20, 20)),
+    ("releasing", 31, (31, 31)),
+    ("computing", 45, (43, 44)),
+    ("final", ROUNDS, (ROUNDS, ROUNDS)),
+]
 
-def run(root: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(PROGRAM), str(root), str(ROUNDS)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+
+async def run(root: Path, backend: str, *kill: str | int) -> subprocess.CompletedProcess[bytes]:
+    command = [sys.executable, str(PROGRAM), str(root), str(ROUNDS), backend, *map(str, kill)]
+    with anyio.fail_after(120):  # a hang guard: a run takes a few seconds
+        return await anyio.run_process(command, check=False, env=ENVIRONMENT)
 
 
 def newest_version(root: Path) -> int:
     """The newest program-state version under ``root``, read from the file names."""
-    state = root / "state"
-    names = [p.name for p in state.iterdir()] if state.is_dir() else []
-    found = [re.match(r"program_state_(\d+)", name) for name in names]
-    return max((int(match.group(1)) for match in found if match), default=-1)
+    names = [path.name for path in (root / "state").iterdir()]
+    found = [re.fullmatch(r"program_state_(\d+)\.plstate", name) for name in names]
+    return max(int(match.group(1)) for match in found if match)
 
 
-def run_to_completion(root: Path) -> None:
-    process = run(root)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0, stderr
-    assert stdout.strip() == "done"
+async def run_to_completion(root: Path, backend: str) -> None:
+    finished = await run(root, backend)
+    assert finished.returncode == 0, finished.stderr.decode()
+    assert finished.stdout.decode().strip() == "done"
 
 
-async def test_a_killed_program_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+async def test_a_program_killed_at_each_stage_resumes_to_the_uninterrupted_result(
+    tmp_path: Path, anyio_backend: str
+) -> None:
     reference, killed = tmp_path / "reference", tmp_path / "killed"
-    run_to_completion(reference)
-    chance = random.Random(20261202)
-    kills = 0
-    for _ in range(4):
-        process = run(killed)
-        started = newest_version(killed)
-        while process.poll() is None and newest_version(killed) <= started:
-            time.sleep(0.005)  # until this run has saved a round of its own
-        time.sleep(chance.uniform(0.0, 0.2))
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            kills += 1
-        process.communicate(timeout=60)
-    run_to_completion(killed)
-    assert kills >= 3
+    await run_to_completion(reference, anyio_backend)
+    for stage, round_num, (lowest, highest) in KILLS:
+        stopped = await run(killed, anyio_backend, stage, round_num)
+        assert stopped.returncode == -signal.SIGKILL, (stage, stopped.stderr.decode())
+        assert lowest <= newest_version(killed) <= highest, (stage, round_num)
+    await run_to_completion(killed, anyio_backend)
     assert (killed / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()
     key = final_model_key(ROUNDS)
     ours = await ModelFileReleaseManager(killed / "models").load(key)
