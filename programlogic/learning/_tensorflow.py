@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import Any
+
 try:
     import keras
     import tensorflow as tf
@@ -16,4 +20,32 @@ if int(keras.__version__.split(".")[0]) < 3:  # pragma: no cover - depends on th
         f"{keras.__version__}: pip install 'programlogic[learning]'"
     )
 
-__all__ = ["keras", "tf"]
+__all__ = ["call_compiled", "compile_function", "keras", "tf"]
+
+_TRACING = threading.Lock()
+"""Held by the one thread of the process that traces a compiled function."""
+
+
+def compile_function(fn: Callable[..., Any]) -> Any:
+    """``fn`` as a TensorFlow function compiled with XLA, traced without AutoGraph.
+
+    The graph code of this package writes its control flow with TensorFlow's own
+    operations (``tf.while_loop``, ``tf.where``), so AutoGraph's rewriting of the
+    Python source (of Keras' layers too) would only lengthen tracing.
+    """
+    return tf.function(fn, jit_compile=True, autograph=False)
+
+
+def call_compiled(function: Any, *args: Any) -> Any:
+    """``function(*args)`` for a :func:`compile_function`; it traces one thread at a time.
+
+    Tracing is Python work that holds the GIL nearly throughout. Two threads tracing at
+    once pass the GIL back and forth between themselves and starve every other thread
+    of the process, an event loop's included, for 100-500 ms at a time; one thread
+    tracing leaves the others their turns. So the trace for these arguments, if they
+    need one, is made under a process-wide lock (a thread waiting for it releases the
+    GIL); running the compiled code does not hold the lock.
+    """
+    with _TRACING:
+        function.get_concrete_function(*args)
+    return function(*args)
