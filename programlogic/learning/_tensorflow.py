@@ -41,11 +41,16 @@ def call_compiled(function: Any, *args: Any) -> Any:
 
     Tracing is Python work that holds the GIL nearly throughout. Two threads tracing at
     once pass the GIL back and forth between themselves and starve every other thread
-    of the process, an event loop's included, for 100-500 ms at a time; one thread
-    tracing leaves the others their turns. So the trace for these arguments, if they
-    need one, is made under a process-wide lock (a thread waiting for it releases the
-    GIL); running the compiled code does not hold the lock.
+    of the process, an event loop's included, for 100-500 ms at a time; and a thread
+    tracing can wait, holding the GIL, on TensorFlow's runtime while another thread
+    compiles (stalls of a second measured). So a call that traces, and its first run
+    (where XLA compiles), hold a process-wide lock (a thread waiting for it releases
+    the GIL); calls of a function already traced for their arguments do not take it
+    beyond the look-up.
     """
     with _TRACING:
+        traces = function.experimental_get_tracing_count()
         function.get_concrete_function(*args)
+        if function.experimental_get_tracing_count() != traces:
+            return function(*args)
     return function(*args)
