@@ -13,8 +13,10 @@ one kept-alive connection:
 - training: ``--requests`` more requests while both train.
 
 The target: in the starting and training phases, the p99 of ``/health`` answers and
-of loop-lag samples under 50 ms; the maxima are printed beside them. Prints a table,
-then one JSON line.
+of loop-lag samples under 50 ms; the maxima are printed beside them, and the load
+average of the machine at the end of each phase (on a machine shared with other work,
+a thread holding the GIL that the OS leaves waiting stalls the loop as long). Prints a
+table, then one JSON line.
 
     python bench/service_health.py [--requests 300]
 """
@@ -160,7 +162,11 @@ async def measure(requests: int, data_dir: Path) -> dict[str, Any]:
 
             async def phase(name: str, times: list[float], since: int) -> int:
                 count, lags = await lag_samples(control, since)
-                phases[name] = {"health": summary(times), "loop_lag": summary(lags)}
+                phases[name] = {
+                    "health": summary(times),
+                    "loop_lag": summary(lags),
+                    "load_average_1min": os.getloadavg()[0],
+                }
                 return count
 
             mark, _ = await lag_samples(control, 0)
@@ -217,13 +223,16 @@ async def measure(requests: int, data_dir: Path) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> None:
-    print("phase       samples  GET /health p50 / p99 / max ms   loop lag p50 / p99 / max ms")
+    print(
+        "phase       samples  GET /health p50 / p99 / max ms   loop lag p50 / p99 / max ms   load"
+    )
     for name in ("idle", "starting", "training"):
         health, lag = result[name]["health"], result[name]["loop_lag"]
         print(
             f"{name:10} {health['count']:5d} {lag['count']:5d}"
             f"   {health['p50_ms']:7.2f} {health['p99_ms']:7.2f} {health['max_ms']:7.2f}"
             f"       {lag['p50_ms']:7.2f} {lag['p99_ms']:7.2f} {lag['max_ms']:7.2f}"
+            f"   {result[name]['load_average_1min']:4.1f}"
         )
     rates = " and ".join(f"{rate:.1f}" for rate in result["rounds_per_s_each_run"])
     print(f"runs trained at {rates} rounds/s while timed")
