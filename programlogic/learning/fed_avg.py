@@ -13,7 +13,7 @@ import numpy as np
 from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
-from programlogic.learning._tensorflow import call_compiled, compile_function, keras, tf
+from programlogic.learning._tensorflow import CompiledFunction, keras, tf
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.learning.optimizers import Optimizer, sgd
 from programlogic.process import LearningProcessOutput
@@ -115,16 +115,16 @@ class WeightedFedAvg:
         self.preprocess = preprocess
         self.seed = seed
         self.clients_per_group = clients_per_group
-        self._train_group_compiled = compile_function(self._train_group_graph)
+        self._train_group_compiled = CompiledFunction(self._train_group_graph)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_train_group_compiled"]  # a tf.function: rebuilt where it is unpickled
+        del state["_train_group_compiled"]  # holds a tf.function: rebuilt where it is unpickled
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._train_group_compiled = compile_function(self._train_group_graph)
+        self._train_group_compiled = CompiledFunction(self._train_group_graph)
 
     def initialize(self) -> dict[str, Any]:
         """The round-0 state: the model's initial weights and a fresh server optimizer."""
@@ -196,8 +196,7 @@ class WeightedFedAvg:
             self.preprocess.order(len(client.y), client_seed(self.seed, round_num, client_id))
             for client_id, client in zip(client_ids, examples, strict=True)
         ]
-        delta_sum, weight, finite, sums = call_compiled(
-            self._train_group_compiled,
+        delta_sum, weight, finite, sums = self._train_group_compiled(
             weights["trainable"],
             weights["non_trainable"],
             *stack_clients(examples, orders, group_size),

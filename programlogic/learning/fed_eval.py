@@ -11,7 +11,7 @@ import numpy as np
 from programlogic.context import get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._tensorflow import call_compiled, compile_function, keras, tf
+from programlogic.learning._tensorflow import CompiledFunction, keras, tf
 from programlogic.learning.fed_avg import check_clients_per_group, plan_group_size, ratio
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.process import LearningProcessOutput
@@ -51,16 +51,16 @@ class FederatedEvaluation:
         self.model = model
         self.preprocess = preprocess
         self.clients_per_group = clients_per_group
-        self._evaluate_group_compiled = compile_function(self._evaluate_group_graph)
+        self._evaluate_group_compiled = CompiledFunction(self._evaluate_group_graph)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_evaluate_group_compiled"]  # a tf.function: rebuilt where it is unpickled
+        del state["_evaluate_group_compiled"]  # holds a tf.function: rebuilt where it is unpickled
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._evaluate_group_compiled = compile_function(self._evaluate_group_graph)
+        self._evaluate_group_compiled = CompiledFunction(self._evaluate_group_graph)
 
     def initialize(self) -> dict[str, Any]:
         """A state holding the model's initial weights and empty totals."""
@@ -125,8 +125,7 @@ class FederatedEvaluation:
         weights, group_size = broadcast
         examples = [self.preprocess.examples(data) for data in datas]
         orders = [self.preprocess.order(len(client.y), 0) for client in examples]
-        sums = call_compiled(
-            self._evaluate_group_compiled,
+        sums = self._evaluate_group_compiled(
             weights["trainable"],
             weights["non_trainable"],
             *stack_clients(examples, orders, group_size),

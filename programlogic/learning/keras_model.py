@@ -16,7 +16,7 @@ import numpy as np
 
 from programlogic.datasets.arrays import ClientArrays
 from programlogic.datasets.preprocessing import BatchOrder
-from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning._tensorflow import GRAPHS, keras, tf
 
 __all__ = [
     "SUPPORTED_METRICS",
@@ -59,7 +59,8 @@ class FunctionalModel:
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
-        model = model_fn()
+        with GRAPHS.exclusive():
+            model = model_fn()
         if not isinstance(model, keras.Model):
             raise TypeError(f"model_fn must return a keras.Model, got {type(model).__name__}")
         if not model.built or not model.weights:
