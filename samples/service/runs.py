@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
+import gc
 import logging
 import os
 import secrets
@@ -112,6 +113,11 @@ class RunRegistry:
         self._task_group = task_group
         await anyio.to_thread.run_sync(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
         await anyio.to_thread.run_sync(_load_training)
+        # TensorFlow and Keras hold about 400,000 objects that live as long as the
+        # process; out of the collector's sight, full collections (which hold the GIL,
+        # so stall the loop, wherever they start) no longer walk them: 0.4-1 s each
+        # measured while runs start, on a loaded machine.
+        gc.freeze()
         index = self.data_dir / INDEX
         if not await anyio.Path(index).exists():
             return
