@@ -113,11 +113,14 @@ class RunRegistry:
         self._task_group = task_group
         await anyio.to_thread.run_sync(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
         await anyio.to_thread.run_sync(_load_training)
-        # TensorFlow and Keras hold about 400,000 objects that live as long as the
-        # process; out of the collector's sight, full collections (which hold the GIL,
-        # so stall the loop, wherever they start) no longer walk them: 0.4-1 s each
-        # measured while runs start, on a loaded machine.
+        # A full garbage collection holds the GIL, so it stalls the loop whichever
+        # thread starts it: 0.4-1 s each, measured while runs start on a loaded
+        # machine, walking the ~400,000 objects of TensorFlow and Keras. Frozen, they
+        # are out of its sight; and full collections come at most every 100 (not 10)
+        # collections of the middle generation, while tracing makes long-lived objects.
         gc.freeze()
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, 100)
         index = self.data_dir / INDEX
         if not await anyio.Path(index).exists():
             return
