@@ -1,8 +1,8 @@
 """How fast the sample service answers, and how late its loop runs, as two runs start and train.
 
-Starts the sample service (``samples.service``'s app under uvicorn, as ``python -m
-samples.service`` serves it) in a child process on a loopback port, with a probe beside
-it that samples the loop lag: how much later than asked the loop wakes from a 5 ms sleep.
+Starts the sample service in a child process on a loopback port, as ``python -m
+samples.service`` prepares and serves it, with a probe beside it that samples the loop
+lag: how much later than asked the loop wakes from a 5 ms sleep.
 Then it times ``GET /health`` in three phases, one request at a time, 10 ms apart, over
 one kept-alive connection:
 
@@ -83,7 +83,10 @@ async def serve(port: int, data_dir: Path) -> None:
     """The sample service on ``port`` with a loop-lag probe, until SIGTERM."""
     import uvicorn
 
+    from samples.service.__main__ import prepare_process
     from samples.service.app import create_app
+
+    prepare_process()
 
     probe = LoopLagProbe()
     app = probe.wrap(create_app(data_dir, token=TOKEN))

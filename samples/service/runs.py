@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
-import gc
 import logging
 import os
 import secrets
@@ -34,7 +33,7 @@ from programlogic import LocalContext, train_model
 from samples.service.config import RunConfig, confine
 from samples.service.live_metrics import LiveMetricsReleaseManager, Point, from_rows
 
-__all__ = ["Run", "RunConflictError", "RunNotFoundError", "RunRegistry"]
+__all__ = ["Run", "RunConflictError", "RunNotFoundError", "RunRegistry", "load_training"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,15 +111,7 @@ class RunRegistry:
         """Load ``runs.json`` and resume the runs that had not ended, in ``task_group``."""
         self._task_group = task_group
         await anyio.to_thread.run_sync(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
-        await anyio.to_thread.run_sync(_load_training)
-        # A full garbage collection holds the GIL, so it stalls the loop whichever
-        # thread starts it: 0.4-1 s each, measured while runs start on a loaded
-        # machine, walking the ~400,000 objects of TensorFlow and Keras. Frozen, they
-        # are out of its sight; and full collections come at most every 100 (not 10)
-        # collections of the middle generation, while tracing makes long-lived objects.
-        gc.freeze()
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, 100)
+        await anyio.to_thread.run_sync(load_training)
         index = self.data_dir / INDEX
         if not await anyio.Path(index).exists():
             return
@@ -233,7 +224,7 @@ async def _history(directory: Path) -> list[Point]:
     return await anyio.to_thread.run_sync(read)
 
 
-def _load_training() -> None:
+def load_training() -> None:
     """Import TensorFlow, Keras and scikit-learn, and load the digits: before serving.
 
     Loading an extension module holds the GIL for up to half a second at a time, so
