@@ -86,9 +86,9 @@ class WeightedFedAvg:
     ``run`` (off the event loop), so the sum is the same whichever group finished
     first. Groups hold ``clients_per_group`` clients, or by default the round split
     evenly over the context's ``parallelism`` (at most :data:`MAX_CLIENTS_PER_GROUP` a
-    group). Each client's data is preprocessed
-    where the work runs with the seed ``client_seed(seed, round, client_id)``, so for
-    a fixed configuration a seed gives the same model, bit for bit, across restarts.
+    group). Each client's data is preprocessed where the work runs with the seed
+    ``client_seed(seed, round, client_id)``, so for a fixed configuration a seed gives
+    the same model, bit for bit, across restarts.
 
     The state is ``{"round", "model": {"trainable", "non_trainable"}, "server_optimizer"}``
     with NumPy arrays, which the file state manager stores losslessly. Metrics:
