@@ -11,6 +11,7 @@ import pickle
 import threading
 import tracemalloc
 
+import anyio
 import keras
 import numpy as np
 import pytest
@@ -548,3 +549,28 @@ async def test_the_round_sum_of_client_deltas_is_made_off_the_event_loop_thread(
     on_the_loop = [trace for trace in round_sums if not made_on_a_worker_thread(trace)]
     assert not on_the_loop, [trace.traceback.format()[-2:] for trace in on_the_loop]
     assert_same_state(output.state, warm.state)
+
+
+async def test_two_new_processes_compiling_side_by_side_train_as_each_does_alone() -> None:
+    # Two runs starting in one service: their threads build, trace and compile at once
+    # (one at a time under the learning package's graph lock), then train in parallel.
+    clients = handles(ragged_clients())
+    start = shuffled_process(1).set_model_weights(shuffled_process(1).initialize(), known_weights())
+    side_by_side = {}
+
+    async def first_round(seed: int) -> None:
+        process = build_weighted_fed_avg(
+            SMALL_MODEL,
+            sgd(0.5),
+            preprocess=Preprocessing(epochs=EPOCHS, batch_size=BATCH, shuffle_buffer=5),
+            seed=seed,
+        )
+        ((side_by_side[seed], _),) = await train(process, start, [clients])
+
+    async with anyio.create_task_group() as group:
+        for seed in (1, 2):
+            group.start_soon(first_round, seed)
+
+    for seed in (1, 2):
+        ((alone, _),) = await train(shuffled_process(seed), start, [clients])
+        assert_same_state(side_by_side[seed], alone)
