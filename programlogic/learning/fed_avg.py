@@ -7,27 +7,40 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import numpy as np
 
 from managers.validation import check_int, check_type, describe
 from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
-from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning._tensorflow import CompiledFunction, keras, tf
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.learning.optimizers import Optimizer, sgd
 from programlogic.process import LearningProcessOutput
+from programlogic.tasks import task_group
 
 __all__ = ["WeightedFedAvg", "build_weighted_fed_avg"]
 
 
 @dataclasses.dataclass
-class _ClientUpdate:
-    """What one client sends back: its model delta and the sums its metrics are made of."""
+class _GroupDelta:
+    """The example-weighted sum of a group's finite client deltas (float64), and its weight."""
 
-    delta: list[np.ndarray]
+    delta_sum: list[np.ndarray]
+    weight: float
+
+
+@dataclasses.dataclass
+class _ClientUpdate:
+    """What one client sends back: whether its delta is finite and its metric sums.
+
+    The first client of a group also carries the group's :class:`_GroupDelta`.
+    """
+
     finite: bool
     sums: dict[str, float]
+    group: _GroupDelta | None = None
 
 
 @dataclasses.dataclass
@@ -39,6 +52,22 @@ class _Totals:
     sums: dict[str, float] = dataclasses.field(default_factory=dict)
     non_finite_clients: int = 0
     dropped_clients: int = 0
+
+    def add_client(self, update: _ClientUpdate) -> None:
+        """Count a client's metric sums and whether its delta is finite (scalars only)."""
+        for name, value in update.sums.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        if not update.finite:
+            self.non_finite_clients += 1
+
+    def add_group(self, group: _GroupDelta) -> None:
+        """Add a group's weighted delta sum: model-sized NumPy work, for a worker thread."""
+        if self.delta_sum is None:
+            self.delta_sum = [np.array(total, dtype=np.float64) for total in group.delta_sum]
+        else:
+            for total, partial in zip(self.delta_sum, group.delta_sum, strict=True):
+                np.add(total, partial, out=total)
+        self.weight += group.weight
 
 
 class WeightedFedAvg:
@@ -53,11 +82,14 @@ class WeightedFedAvg:
 
     Client work runs through the current federated context, a group of clients at a
     time in one compiled, vectorized TensorFlow call (XLA): clients of unequal size are
-    padded with masked batches. Groups hold ``clients_per_group`` clients, or by
-    default the round split evenly over the context's ``parallelism`` (at most
-    :data:`MAX_CLIENTS_PER_GROUP` a group). Each client's data is preprocessed
-    where the work runs with the seed ``client_seed(seed, round, client_id)``, so for
-    a fixed configuration a seed gives the same model, bit for bit, across restarts.
+    padded with masked batches. That call also sums the group's weighted deltas (in
+    float64); the round adds the group sums, in group order, through the context's
+    ``run`` (off the event loop), so the sum is the same whichever group finished
+    first. Groups hold ``clients_per_group`` clients, or by default the round split
+    evenly over the context's ``parallelism`` (at most :data:`MAX_CLIENTS_PER_GROUP` a
+    group). Each client's data is preprocessed where the work runs with the seed
+    ``client_seed(seed, round, client_id)``, so for a fixed configuration a seed gives
+    the same model, bit for bit, across restarts.
 
     The state is ``{"round", "model": {"trainable", "non_trainable"}, "server_optimizer"}``
     with NumPy arrays, which the file state manager stores losslessly. Metrics:
@@ -84,16 +116,16 @@ class WeightedFedAvg:
         self.preprocess = preprocess
         self.seed = seed
         self.clients_per_group = clients_per_group
-        self._train_group_compiled = tf.function(self._train_group_graph, jit_compile=True)
+        self._train_group_compiled = CompiledFunction(self._train_group_graph)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_train_group_compiled"]  # a tf.function: rebuilt where it is unpickled
+        del state["_train_group_compiled"]  # holds a tf.function: rebuilt where it is unpickled
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._train_group_compiled = tf.function(self._train_group_graph, jit_compile=True)
+        self._train_group_compiled = CompiledFunction(self._train_group_graph)
 
     def initialize(self) -> dict[str, Any]:
         """The round-0 state: the model's initial weights and a fresh server optimizer."""
@@ -114,15 +146,34 @@ class WeightedFedAvg:
         round_num = int(state["round"]) + 1
         group_size = plan_group_size(len(clients), context.parallelism, self.clients_per_group)
         broadcast = (state["model"], round_num, group_size)
+        totals = _Totals()
+        send, receive = anyio.create_memory_object_stream[_GroupDelta](math.inf)
+
+        def accumulate(totals: _Totals, update: _ClientUpdate) -> _Totals:
+            totals.add_client(update)
+            if update.group is not None:
+                send.send_nowait(update.group)
+            return totals
+
+        async def add_groups() -> None:
+            # One group at a time, in client order: worker threads take the calls in
+            # the order given, so at most the groups computing meanwhile wait here.
+            async with receive:
+                async for group in receive:
+                    await context.run(totals.add_group, group)
+
         with count_dropped_clients() as dropped:
-            totals = await context.aggregate_clients(
-                self._train_group,
-                broadcast,
-                clients,
-                _accumulate,
-                _Totals(),
-                group_size=group_size,
-            )
+            async with task_group() as tasks:
+                tasks.start_soon(add_groups)
+                async with send:
+                    await context.aggregate_clients(
+                        self._train_group,
+                        broadcast,
+                        clients,
+                        accumulate,
+                        totals,
+                        group_size=group_size,
+                    )
         totals.dropped_clients = dropped.count
         return await context.run(self._server_step, state, totals)
 
@@ -146,22 +197,23 @@ class WeightedFedAvg:
             self.preprocess.order(len(client.y), client_seed(self.seed, round_num, client_id))
             for client_id, client in zip(client_ids, examples, strict=True)
         ]
-        deltas, finite, sums = self._train_group_compiled(
+        delta_sum, weight, finite, sums = self._train_group_compiled(
             weights["trainable"],
             weights["non_trainable"],
             *stack_clients(examples, orders, group_size),
         )
-        deltas = [delta.numpy() for delta in deltas]
+        group = _GroupDelta([total.numpy() for total in delta_sum], float(weight))
         finite = finite.numpy()
         sums = {name: value.numpy() for name, value in sums.items()}
-        return [
+        updates = [
             _ClientUpdate(
-                delta=[delta[index] for delta in deltas],
                 finite=bool(finite[index]),
                 sums={name: float(value[index]) for name, value in sums.items()},
             )
             for index in range(len(client_ids))
         ]
+        updates[0].group = group
+        return updates
 
     def _train_group_graph(
         self,
@@ -171,7 +223,7 @@ class WeightedFedAvg:
         ys: Any,
         indices: Any,
         masks: Any,
-    ) -> tuple[list[Any], Any, dict[str, Any]]:
+    ) -> tuple[list[Any], Any, Any, dict[str, Any]]:
         model, optimizer = self.model, self.client_optimizer
 
         def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
@@ -221,7 +273,16 @@ class WeightedFedAvg:
             finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
             return delta, finite, sums
 
-        return tf.vectorized_map(train_client, (xs, ys, indices, masks))
+        deltas, finite, sums = tf.vectorized_map(train_client, (xs, ys, indices, masks))
+        # A client whose delta is not finite weighs nothing (and its delta, zeroed, adds
+        # no NaN); padding clients trained on no example and weigh nothing either.
+        weight = tf.where(finite, tf.cast(sums["num_examples"], tf.float64), 0.0)
+        delta_sum = []
+        for delta in deltas:
+            column = [-1] + [1] * (len(delta.shape) - 1)
+            kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
+            delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
+        return delta_sum, tf.reduce_sum(weight), finite, sums
 
     def _sum_names(self) -> list[str]:
         return ["loss_sum", "num_examples", *self.model.metrics, "num_batches"]
@@ -267,21 +328,6 @@ class WeightedFedAvg:
             "finalizer": {"update_non_finite": update_non_finite},
         }
         return LearningProcessOutput(new_state, metrics)
-
-
-def _accumulate(totals: _Totals, update: _ClientUpdate) -> _Totals:
-    for name, value in update.sums.items():
-        totals.sums[name] = totals.sums.get(name, 0.0) + value
-    if not update.finite:
-        totals.non_finite_clients += 1
-        return totals
-    weight = update.sums["num_examples"]
-    if totals.delta_sum is None:
-        totals.delta_sum = [np.zeros(d.shape, dtype=np.float64) for d in update.delta]
-    for total, delta in zip(totals.delta_sum, update.delta, strict=True):
-        total += weight * delta
-    totals.weight += weight
-    return totals
 
 
 def ratio(numerator: float, denominator: float) -> float:

@@ -12,7 +12,7 @@ from managers.validation import check_type
 from programlogic.context import get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning._tensorflow import CompiledFunction, keras, tf
 from programlogic.learning.fed_avg import (
     WeightedFedAvg,
     check_clients_per_group,
@@ -57,16 +57,16 @@ class FederatedEvaluation:
         self.model = model
         self.preprocess = preprocess
         self.clients_per_group = clients_per_group
-        self._evaluate_group_compiled = tf.function(self._evaluate_group_graph, jit_compile=True)
+        self._evaluate_group_compiled = CompiledFunction(self._evaluate_group_graph)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        del state["_evaluate_group_compiled"]  # a tf.function: rebuilt where it is unpickled
+        del state["_evaluate_group_compiled"]  # holds a tf.function: rebuilt where it is unpickled
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._evaluate_group_compiled = tf.function(self._evaluate_group_graph, jit_compile=True)
+        self._evaluate_group_compiled = CompiledFunction(self._evaluate_group_graph)
 
     def initialize(self) -> dict[str, Any]:
         """A state holding the model's initial weights and empty totals."""

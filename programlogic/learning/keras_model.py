@@ -17,7 +17,7 @@ import numpy as np
 from managers.validation import check_callable, check_interface
 from programlogic.datasets.arrays import ClientArrays
 from programlogic.datasets.preprocessing import BatchOrder
-from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning._tensorflow import GRAPHS, keras, tf
 
 __all__ = [
     "SUPPORTED_METRICS",
@@ -59,7 +59,8 @@ class FunctionalModel:
         metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     ) -> None:
         check_callable("model_fn", model_fn)
-        model = model_fn()
+        with GRAPHS.exclusive():
+            model = model_fn()
         if not isinstance(model, keras.Model):
             raise TypeError(f"model_fn must return a keras.Model, got {type(model).__name__}")
         if not model.built or not model.weights:

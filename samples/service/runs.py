@@ -33,7 +33,7 @@ from programlogic import LocalContext, train_model
 from samples.service.config import RunConfig, confine
 from samples.service.live_metrics import LiveMetricsReleaseManager, Point, from_rows
 
-__all__ = ["Run", "RunConflictError", "RunNotFoundError", "RunRegistry"]
+__all__ = ["Run", "RunConflictError", "RunNotFoundError", "RunRegistry", "load_training"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class RunRegistry:
         """Load ``runs.json`` and resume the runs that had not ended, in ``task_group``."""
         self._task_group = task_group
         await anyio.to_thread.run_sync(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
+        await anyio.to_thread.run_sync(load_training)
         index = self.data_dir / INDEX
         if not await anyio.Path(index).exists():
             return
@@ -223,6 +224,17 @@ async def _history(directory: Path) -> list[Point]:
     return await anyio.to_thread.run_sync(read)
 
 
+def load_training() -> None:
+    """Import TensorFlow, Keras and scikit-learn, and load the digits: before serving.
+
+    Loading an extension module holds the GIL for up to half a second at a time, so
+    in a worker thread it still stalls the event loop; at startup no request waits.
+    """
+    import programlogic.learning  # noqa: F401  (imported for its side effect: loaded)
+
+    _digits()
+
+
 @functools.cache
 def _digits() -> Any:
     from programlogic.datasets import load_digits_writers
@@ -231,7 +243,7 @@ def _digits() -> Any:
 
 
 def _build_process(config: RunConfig, feature_shape: tuple[int, ...], num_classes: int) -> Any:
-    # Runs in a worker thread: the first call imports TensorFlow, seconds the loop must not wait.
+    # Runs in a worker thread: building the model and its functions is Python work.
     from programlogic.datasets import Preprocessing
     from programlogic.learning import build_model, build_weighted_fed_avg, sgd
 

@@ -8,7 +8,10 @@ Tests that train pass the same clients in the same group shapes for the same rea
 import functools
 import math
 import pickle
+import threading
+import tracemalloc
 
+import anyio
 import keras
 import numpy as np
 import pytest
@@ -484,3 +487,90 @@ async def test_the_process_pickles_and_the_copy_trains_the_same_bits() -> None:
     ((copy_state, copy_metrics),) = await train(copy, start, [clients])
     assert_same_state(copy_state, state)
     assert copy_metrics == metrics
+
+
+# Folding client updates stays off the event loop.
+
+WIDE_FEATURES, WIDE_CLASSES = 512, 7
+"""A kernel of 3,584 weights: 28,672 bytes in float64, a size no other array here has."""
+
+
+@functools.cache
+def wide_process() -> WeightedFedAvg:
+    return build_weighted_fed_avg(
+        functools.partial(softmax_regression, (WIDE_FEATURES,), WIDE_CLASSES),
+        sgd(0.1),
+        preprocess=UNSHUFFLED,
+        clients_per_group=1,
+    )
+
+
+def wide_client(count: int, seed: int) -> ClientArrays:
+    rng = np.random.default_rng(seed)
+    x = rng.random((count, WIDE_FEATURES), dtype=np.float32)
+    return ClientArrays(x, rng.integers(0, WIDE_CLASSES, count).astype(np.int32))
+
+
+def made_on_a_worker_thread(trace: tracemalloc.Trace) -> bool:
+    """Whether the block was allocated by a thread that ``threading`` started."""
+    return any(frame.filename == threading.__file__ for frame in trace.traceback)
+
+
+async def test_the_round_sum_of_client_deltas_is_made_off_the_event_loop_thread() -> None:
+    # One worker and groups of one: the worker trains the third client after it added
+    # the first client's delta to the round's sum, so the sum (a kernel-sized float64
+    # array) is alive when the third client's data loads; that loader looks which
+    # thread allocated it.
+    process = wide_process()
+    start = process.initialize()
+    kernel_bytes = WIDE_FEATURES * WIDE_CLASSES * np.dtype(np.float64).itemsize
+    datas = [wide_client(count, seed) for seed, count in enumerate((5, 9, 12))]
+    round_sums: list[tracemalloc.Trace] = []
+
+    def load_and_look(data: ClientArrays) -> ClientArrays:
+        if tracemalloc.is_tracing():
+            snapshot = tracemalloc.take_snapshot()
+            round_sums.extend(t for t in snapshot.traces if t.size == kernel_bytes)
+        return data
+
+    clients = [
+        *handles({"0": datas[0], "1": datas[1]}),
+        ClientHandle("2", functools.partial(load_and_look, datas[2])),
+    ]
+    async with LocalContext(max_workers=1):
+        warm = await process.next(start, clients)  # traced and compiled before tracemalloc runs
+        tracemalloc.start(25)
+        try:
+            output = await process.next(start, clients)
+        finally:
+            tracemalloc.stop()
+
+    assert round_sums, "the round's running sum was not found"
+    on_the_loop = [trace for trace in round_sums if not made_on_a_worker_thread(trace)]
+    assert not on_the_loop, [trace.traceback.format()[-2:] for trace in on_the_loop]
+    assert_same_state(output.state, warm.state)
+
+
+async def test_two_new_processes_compiling_side_by_side_train_as_each_does_alone() -> None:
+    # Two runs starting in one service: their threads build, trace and compile at once
+    # (one at a time under the learning package's graph lock), then train in parallel.
+    clients = handles(ragged_clients())
+    start = shuffled_process(1).set_model_weights(shuffled_process(1).initialize(), known_weights())
+    side_by_side = {}
+
+    async def first_round(seed: int) -> None:
+        process = build_weighted_fed_avg(
+            SMALL_MODEL,
+            sgd(0.5),
+            preprocess=Preprocessing(epochs=EPOCHS, batch_size=BATCH, shuffle_buffer=5),
+            seed=seed,
+        )
+        ((side_by_side[seed], _),) = await train(process, start, [clients])
+
+    async with anyio.create_task_group() as group:
+        for seed in (1, 2):
+            group.start_soon(first_round, seed)
+
+    for seed in (1, 2):
+        ((alone, _),) = await train(shuffled_process(seed), start, [clients])
+        assert_same_state(side_by_side[seed], alone)
