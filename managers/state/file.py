@@ -185,7 +185,9 @@ class FileProgramStateManager(ProgramStateManager):
             os.close(fd)
             raise StateDirectoryLockedError(
                 f"the program-state directory {self._root} is in use by another manager "
-                f"(it holds {lock_path}); one manager at a time may use a directory"
+                f"(it holds {lock_path}); one manager at a time may use a directory: "
+                "close the other one first (`async with FileProgramStateManager(...)` or "
+                "`await manager.aclose()`), also when its program failed"
             ) from None
         except BaseException:
             os.close(fd)
