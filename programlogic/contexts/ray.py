@@ -653,8 +653,8 @@ class RayContext(StreamingContext):
         async def settle(ref: Any) -> None:
             try:
                 await _await_ref(ref)
-            except ray.exceptions.RayError:  # the actor died: what we asked for
-                pass
+            except Exception:  # how the abandoned work ended does not matter, only that it did
+                logger.debug("RayContext: abandoned work ended with an error", exc_info=True)
 
         try:
             with anyio.CancelScope(shield=True):
@@ -665,7 +665,9 @@ class RayContext(StreamingContext):
                             group.start_soon(settle, ref)
                 if waiting.cancelled_caught:
                     logger.warning(
-                        "RayContext: killed workers still answered after %s s; leaving them to Ray",
+                        "RayContext: %d killed workers were not gone after %s s; leaving them "
+                        "to Ray",
+                        len(actors),
                         _KILL_WAIT,
                     )
         finally:

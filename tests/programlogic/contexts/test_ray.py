@@ -6,11 +6,11 @@ cluster. The tests that train run under asyncio only (marked below): starting Ra
 compiling on its workers is what costs, and awaiting object references under trio is
 covered by the tests that run under both backends.
 
-No test depends on how fast this machine is: client work that must be running, or must
-wait, does so on flags of a small Ray actor (:class:`Flags`) that the test sets or
-waits for. A work that blocks forever would hang a broken build, so the calls that
-must not wait for it run under :data:`HANG_GUARD`, which only turns such a hang into a
-failure.
+No assertion depends on how fast this machine is: client work that must be running, or
+must wait, does so on flags of a small Ray actor (:class:`Flags`) that the test sets or
+waits for. Work that blocks forever would hang a broken build, so the calls that must
+not wait for it run under :data:`HANG_GUARD`, which only turns such a hang into a
+failure. (The deadline tests rely on their quick clients finishing within the deadline.)
 """
 
 from __future__ import annotations
@@ -476,7 +476,7 @@ async def test_a_lost_cluster_fails_training_clearly_and_a_rerun_resumes(
     environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
     command = [sys.executable, "-c", LOST_DRIVER]
     try:
-        with (tmp_path / "lost.stderr").open("wb") as stderr:
+        with (tmp_path / "lost.stderr").open("wb") as stderr, anyio.fail_after(3 * HANG_GUARD):
             async with await anyio.open_process(
                 [*command, doomed.address, str(state_dir), "100000", str(outcome)],
                 stdout=subprocess.PIPE,
