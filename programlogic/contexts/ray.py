@@ -37,7 +37,9 @@ import datetime
 import logging
 import math
 import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -82,9 +84,9 @@ class _ClientWorker:
         self._functions: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._tables: dict[str, Any] = {}
 
-    def ready(self) -> int:
-        """The actor's process id, once the actor is up."""
-        return os.getpid()
+    def ready(self) -> tuple[str, int]:
+        """The actor's machine (see :func:`_machine`) and process id, once the actor is up."""
+        return _machine(), os.getpid()
 
     def run_unit(
         self,
@@ -115,6 +117,26 @@ class _ClientWorker:
 
             table = self._tables[key] = ray.get(box[0])
         return TableLoader(table, client_id)
+
+
+def _machine() -> str:
+    """Names this machine (or container): where a process id names the same process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()} {boot}"
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (it may be exiting)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def _import_ray() -> Any:
@@ -271,6 +293,8 @@ class RayContext(StreamingContext):
         self._tables: dict[str, tuple[Any, Any]] = {}
         self._calls = 0
         self._lost = False
+        self._machine = _machine()
+        self._local_pids: dict[Any, int] = {}  # actor -> its process, if on this machine
 
     @property
     def parallelism(self) -> int:
@@ -355,6 +379,7 @@ class RayContext(StreamingContext):
         self._idle, self._starting, self._busy = [], [], []
         self._functions.clear()
         self._tables.clear()
+        self._local_pids.clear()
         owns, self._owns_connection = self._owns_connection, False
         self._workers = 0
         if self._lost:  # a lost cluster: its actors are gone, asking Ray would only wait
@@ -464,11 +489,11 @@ class RayContext(StreamingContext):
 
         async def wait_ready(actor: Any) -> None:
             try:
-                await _await_ref(actor.ready.remote())
+                machine, pid = await _await_ref(actor.ready.remote())
             except ray.exceptions.RayError as error:
                 await send.send(("start_failed", actor, error))
             else:
-                await send.send(("ready", actor))
+                await send.send(("ready", actor, machine, pid))
 
         async def wait_unit(index: int, actor: Any, ref: Any) -> None:
             try:
@@ -543,9 +568,12 @@ class RayContext(StreamingContext):
                     if kind == "wake":
                         pass  # another call freed or started actors: look again
                     elif kind == "ready":
-                        if event[1] in self._starting:  # not taken by a concurrent call
-                            self._starting.remove(event[1])
-                            self._release(event[1])
+                        _, actor, machine, pid = event
+                        if actor in self._starting:  # not taken by a concurrent call
+                            self._starting.remove(actor)
+                            if machine == self._machine:
+                                self._local_pids[actor] = pid
+                            self._release(actor)
                     elif kind == "start_failed":
                         if event[1] not in self._starting:
                             continue
@@ -631,11 +659,13 @@ class RayContext(StreamingContext):
     async def _replace(self, actors: list[Any], abandoned: Sequence[Any] = ()) -> None:
         """Kill ``actors`` and put as many new ones in the pool, starting.
 
-        ``abandoned`` are the references to the results of what the actors were running:
-        the call waits (up to ``_KILL_WAIT`` seconds) until they fail, that is until
-        the actors are gone, so that no work of the call outlives it. Nothing is asked
-        of a lost cluster.
+        ``abandoned`` are the references to the results of what the actors were running.
+        The call waits (up to ``_KILL_WAIT`` seconds) until they fail, that is until Ray
+        counts the actors dead, and until the processes of those on this machine have
+        exited, so that no work of the call outlives it. Nothing is asked of a lost
+        cluster.
         """
+        pids = [self._local_pids.pop(actor) for actor in actors if actor in self._local_pids]
         if not actors or self._lost:
             return
         ray = self._ray
@@ -656,6 +686,10 @@ class RayContext(StreamingContext):
             except Exception:  # how the abandoned work ended does not matter, only that it did
                 logger.debug("RayContext: abandoned work ended with an error", exc_info=True)
 
+        async def exited(pid: int) -> None:
+            while _process_exists(pid):
+                await anyio.sleep(0.005)
+
         try:
             with anyio.CancelScope(shield=True):
                 await self._call_ray("replace a worker", replace)
@@ -663,6 +697,8 @@ class RayContext(StreamingContext):
                     async with anyio.create_task_group() as group:
                         for ref in abandoned:
                             group.start_soon(settle, ref)
+                        for pid in pids:
+                            group.start_soon(exited, pid)
                 if waiting.cancelled_caught:
                     logger.warning(
                         "RayContext: %d killed workers were not gone after %s s; leaving them "
