@@ -17,6 +17,13 @@ work, moves objects and detects dead workers; this module decides what runs wher
 - Results are folded in client order as they arrive: a result that arrives before an
   earlier unit's waits only until that one is in, so driver memory holds at most the
   out-of-order results, not a round's.
+- Ray cannot interrupt a task that an actor is running, so an actor whose unit must stop
+  (the call was cancelled, another unit of the call failed, or the unit missed the
+  round's deadline) is killed and replaced by a new one: later calls never queue
+  behind work nobody waits for.
+- Errors of Ray itself become ours: :class:`~programlogic.exceptions.ClusterConnectionError`
+  when the cluster no longer answers, :class:`~programlogic.exceptions.ProgramLogicError`
+  otherwise, with Ray's error as ``__cause__``.
 
 Ray is imported when a context is entered, so ``programlogic`` works without it
 (``pip install 'programlogic[ray]'``).
@@ -30,7 +37,9 @@ import datetime
 import logging
 import math
 import os
+import socket
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -42,7 +51,12 @@ from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts._units import check_group_size, compute_unit, split_units
 from programlogic.data import TableLoader
-from programlogic.exceptions import ClientError, ClusterConnectionError, NotEnoughClientsError
+from programlogic.exceptions import (
+    ClientError,
+    ClusterConnectionError,
+    NotEnoughClientsError,
+    ProgramLogicError,
+)
 from programlogic.tasks import task_group
 
 if TYPE_CHECKING:
@@ -60,6 +74,9 @@ _CACHED_FUNCTIONS = 16
 _RESOURCE_OPTIONS = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 """Resource names that Ray's actor options take as keywords of their own."""
 
+_KILL_WAIT = 10.0
+"""Seconds a call waits for the actors it killed to be gone before it leaves them to Ray."""
+
 
 class _ClientWorker:
     """The body of a pool actor: computes units of client work, caching what it unpickled."""
@@ -68,9 +85,9 @@ class _ClientWorker:
         self._functions: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._tables: dict[str, Any] = {}
 
-    def ready(self) -> int:
-        """The actor's process id, once the actor is up."""
-        return os.getpid()
+    def ready(self) -> tuple[str, int]:
+        """The actor's machine (see :func:`_machine`) and process id, once the actor is up."""
+        return _machine(), os.getpid()
 
     def run_unit(
         self,
@@ -101,6 +118,26 @@ class _ClientWorker:
 
             table = self._tables[key] = ray.get(box[0])
         return TableLoader(table, client_id)
+
+
+def _machine() -> str:
+    """Names this machine (or container): where a process id names the same process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()} {boot}"
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (it may be exiting)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def _import_ray() -> Any:
@@ -173,8 +210,12 @@ class RayContext(StreamingContext):
     - ``init_options``: more keyword arguments for ``ray.init``.
 
     Dropped clients are reported with :func:`~programlogic.context.report_dropped_clients`
-    (FedAvg counts them in its metrics). Leaving the context kills the pool, and shuts
-    down the Ray connection (and the local cluster) only if it started them.
+    (FedAvg counts them in its metrics). A call that is cancelled, or fails because
+    the work of a client raised, kills the actors still running its other units and
+    starts new ones in their place (which compile again); it returns once the killed
+    actors are gone, so the next call never waits for abandoned work. Leaving the
+    context kills the pool, and shuts down the Ray connection (and the local cluster)
+    only if it started them.
     """
 
     def __init__(
@@ -228,6 +269,8 @@ class RayContext(StreamingContext):
         self._tables: dict[str, tuple[Any, Any]] = {}
         self._calls = 0
         self._lost = False
+        self._machine = _machine()
+        self._local_pids: dict[Any, int] = {}  # actor -> its process, if on this machine
 
     @property
     def parallelism(self) -> int:
@@ -312,6 +355,7 @@ class RayContext(StreamingContext):
         self._idle, self._starting, self._busy = [], [], []
         self._functions.clear()
         self._tables.clear()
+        self._local_pids.clear()
         owns, self._owns_connection = self._owns_connection, False
         self._workers = 0
         if self._lost:  # a lost cluster: its actors are gone, asking Ray would only wait
@@ -384,7 +428,7 @@ class RayContext(StreamingContext):
         consume: Callable[[Any], None],
     ) -> None:
         """Run the work of ``clients`` on the pool; hand each result to ``consume`` in order."""
-        ray_thread = self._require_ray_thread()
+        self._require_ray_thread()
         check_group_size(group_size)
         units = split_units(clients, group_size)
         if not units:
@@ -397,13 +441,16 @@ class RayContext(StreamingContext):
             loaders = [[self._ship_loader(client) for client in unit] for unit in units]
             return fn_key, fn_box, ray.put(broadcast), loaders
 
-        fn_key, fn_box, broadcast_ref, loaders = await ray_thread.run(prepare)
+        fn_key, fn_box, broadcast_ref, loaders = await self._call_ray(
+            "put the work of a call in the object store", prepare
+        )
         ids = [[client.client_id for client in unit] for unit in units]
         results: dict[int, list[Any]] = {}
         dropped: set[int] = set()
         attempts = [0] * len(units)
         queue = collections.deque(range(len(units)))
-        in_flight: dict[int, tuple[Any, Any]] = {}  # unit -> (actor, ref)
+        in_flight: dict[int, Any] = {}  # unit -> the actor it was handed to
+        refs: dict[int, Any] = {}  # unit -> the reference to its result, once submitted
         next_to_consume = 0
         start_failures = 0
         send, receive = anyio.create_memory_object_stream[tuple[Any, ...]](math.inf)
@@ -418,11 +465,11 @@ class RayContext(StreamingContext):
 
         async def wait_ready(actor: Any) -> None:
             try:
-                await _await_ref(actor.ready.remote())
+                machine, pid = await _await_ref(actor.ready.remote())
             except ray.exceptions.RayError as error:
                 await send.send(("start_failed", actor, error))
             else:
-                await send.send(("ready", actor))
+                await send.send(("ready", actor, machine, pid))
 
         async def wait_unit(index: int, actor: Any, ref: Any) -> None:
             try:
@@ -442,13 +489,12 @@ class RayContext(StreamingContext):
                 fn_key, fn_box, broadcast_ref, ids[index], loaders[index], grouped
             )
 
-        def replace(actors: list[Any]) -> list[Any]:
-            for actor in actors:
-                try:
-                    ray.kill(actor)
-                except Exception:  # already gone
-                    logger.debug("RayContext: killing an actor failed", exc_info=True)
-            return [self._actor_class.remote() for _ in actors]
+        def take(index: int) -> Any:
+            """The actor of unit ``index``, which no longer counts as busy."""
+            actor = in_flight.pop(index)
+            refs.pop(index, None)
+            self._busy.remove(actor)
+            return actor
 
         async def check_cluster() -> None:
             while True:
@@ -472,35 +518,38 @@ class RayContext(StreamingContext):
                     while queue and self._idle:
                         index, actor = queue.popleft(), self._idle.pop()
                         self._busy.append(actor)
-                        ref = await ray_thread.run(submit, index, actor)
-                        in_flight[index] = (actor, ref)
+                        in_flight[index] = actor
+                        ref = refs[index] = await self._call_ray(
+                            "hand a unit of work to a worker", submit, index, actor
+                        )
                         if self.round_deadline is not None and deadline == math.inf:
                             deadline = anyio.current_time() + self.round_deadline
                         group.start_soon(wait_unit, index, actor, ref)
                     if queue and not (self._idle or self._starting or self._busy):
-                        raise RuntimeError("RayContext: no worker of the pool is left")
+                        raise ProgramLogicError("RayContext: no worker of the pool is left")
                     with anyio.move_on_after(deadline - anyio.current_time()) as waiting:
                         event = await receive.receive()
                     if waiting.cancelled_caught:
                         # Stragglers: drop what has not finished, replace busy actors.
                         queue.clear()
-                        busy = [in_flight.pop(index)[0] for index in sorted(in_flight)]
-                        for actor in busy:
-                            self._busy.remove(actor)
+                        stragglers = [refs[index] for index in sorted(refs)]
+                        busy = [take(index) for index in sorted(in_flight)]
                         for index in range(next_to_consume, len(units)):
                             if index not in results and index not in dropped:
                                 drop(index)
-                        if busy:
-                            self._add_starting(await ray_thread.run(replace, busy))
+                        await self._replace(busy, stragglers)
                         consume_ready()
                         break
                     kind = event[0]
                     if kind == "wake":
                         pass  # another call freed or started actors: look again
                     elif kind == "ready":
-                        if event[1] in self._starting:  # not taken by a concurrent call
-                            self._starting.remove(event[1])
-                            self._release(event[1])
+                        _, actor, machine, pid = event
+                        if actor in self._starting:  # not taken by a concurrent call
+                            self._starting.remove(actor)
+                            if machine == self._machine:
+                                self._local_pids[actor] = pid
+                            self._release(actor)
                     elif kind == "start_failed":
                         if event[1] not in self._starting:
                             continue
@@ -509,28 +558,23 @@ class RayContext(StreamingContext):
                         await self._check_connection()
                         start_failures += 1
                         if start_failures > (self.max_retries + 1) * self.parallelism:
-                            raise RuntimeError(
+                            raise ProgramLogicError(
                                 f"RayContext: {start_failures} workers failed to start in "
                                 f"this call, the last with: {event[2]}"
-                            )
-                        self._add_starting(await ray_thread.run(replace, [event[1]]))
+                            ) from event[2]
+                        await self._replace([event[1]])
                     elif kind == "done":
-                        _, index, actor, value = event
-                        del in_flight[index]
-                        self._busy.remove(actor)
-                        self._release(actor)
+                        _, index, _, value = event
+                        self._release(take(index))
                         results[index] = value
                         consume_ready()
                     elif kind == "failed":
-                        _, index, actor, error = event
-                        del in_flight[index]
-                        self._busy.remove(actor)
-                        self._release(actor)
+                        _, index, _, error = event
+                        self._release(take(index))
                         raise error
                     else:  # died
-                        _, index, actor, error = event
-                        del in_flight[index]
-                        self._busy.remove(actor)
+                        _, index, _, error = event
+                        actor = take(index)
                         await self._check_connection()
                         attempts[index] += 1
                         if attempts[index] > self.max_retries:
@@ -549,15 +593,19 @@ class RayContext(StreamingContext):
                                 ids[index],
                             )
                             queue.appendleft(index)
-                        self._add_starting(await ray_thread.run(replace, [actor]))
+                        await self._replace([actor])
             except BaseException:
-                # Nothing of this call may keep running: ask Ray to cancel its units.
-                refs = [] if self._lost else [ref for _, ref in in_flight.values()]
+                # Nothing of this call may keep running, and a running actor task cannot
+                # be interrupted: the actors still busy with its units are replaced.
+                abandoned = list(refs.values())
+                busy = [take(index) for index in sorted(in_flight)]
                 with anyio.CancelScope(shield=True):
-                    await ray_thread.run(_cancel_all, ray, refs)
-                    for actor, _ in in_flight.values():
-                        self._busy.remove(actor)
-                        self._release(actor)
+                    try:
+                        await self._replace(busy, abandoned)
+                    except Exception:  # the call's own error is the one to raise
+                        logger.warning(
+                            "RayContext: could not replace %d workers", len(busy), exc_info=True
+                        )
                 raise
             finally:
                 self._listeners.discard(send)
@@ -567,6 +615,75 @@ class RayContext(StreamingContext):
         required = min(self.min_clients, len(clients))
         if finished < required:
             raise NotEnoughClientsError(finished, required, dropped_count)
+
+    async def _call_ray(self, what: str, fn: Callable[..., T], /, *args: Any) -> T:
+        """``fn(*args)`` on the context's Ray thread; an error of Ray's becomes ours.
+
+        A lost cluster raises :class:`ClusterConnectionError`; any other error of Ray's
+        a :class:`ProgramLogicError` saying what could not be done. Other errors (a
+        value Ray cannot serialize is a ``TypeError``) propagate unchanged.
+        """
+        ray_thread = self._require_ray_thread()
+        try:
+            return await ray_thread.run(fn, *args)
+        except self._ray.exceptions.RayError as error:
+            await self._check_connection()
+            raise ProgramLogicError(
+                f"RayContext could not {what}: {type(error).__name__}: {error}"
+            ) from error
+
+    async def _replace(self, actors: list[Any], abandoned: Sequence[Any] = ()) -> None:
+        """Kill ``actors`` and put as many new ones in the pool, starting.
+
+        ``abandoned`` are the references to the results of what the actors were running.
+        The call waits (up to ``_KILL_WAIT`` seconds) until they fail, that is until Ray
+        counts the actors dead, and until the processes of those on this machine have
+        exited, so that no work of the call outlives it. Nothing is asked of a lost
+        cluster.
+        """
+        pids = [self._local_pids.pop(actor) for actor in actors if actor in self._local_pids]
+        if not actors or self._lost:
+            return
+        ray = self._ray
+        started: list[Any] = []
+
+        def replace() -> None:
+            for actor in actors:
+                try:
+                    ray.kill(actor)
+                except Exception:  # already gone
+                    logger.debug("RayContext: killing an actor failed", exc_info=True)
+            for _ in actors:
+                started.append(self._actor_class.remote())
+
+        async def settle(ref: Any) -> None:
+            try:
+                await _await_ref(ref)
+            except Exception:  # how the abandoned work ended does not matter, only that it did
+                logger.debug("RayContext: abandoned work ended with an error", exc_info=True)
+
+        async def exited(pid: int) -> None:
+            while _process_exists(pid):
+                await anyio.sleep(0.005)
+
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._call_ray("replace a worker", replace)
+                with anyio.move_on_after(_KILL_WAIT) as waiting:
+                    async with anyio.create_task_group() as group:
+                        for ref in abandoned:
+                            group.start_soon(settle, ref)
+                        for pid in pids:
+                            group.start_soon(exited, pid)
+                if waiting.cancelled_caught:
+                    logger.warning(
+                        "RayContext: %d killed workers were not gone after %s s; leaving them "
+                        "to Ray",
+                        len(actors),
+                        _KILL_WAIT,
+                    )
+        finally:
+            self._add_starting(started)
 
     def _release(self, actor: Any) -> None:
         """Put ``actor`` back in the pool and wake the calls that wait for one."""
@@ -597,11 +714,3 @@ class RayContext(StreamingContext):
                 f"{host}:{port} does not answer: {error or type(error).__name__}); rerun the "
                 "program to resume from its last checkpoint"
             ) from error
-
-
-def _cancel_all(ray: Any, refs: list[Any]) -> None:
-    for ref in refs:
-        try:
-            ray.cancel(ref)
-        except Exception:  # finished, or its worker is gone
-            logger.debug("RayContext: cancelling a unit failed", exc_info=True)

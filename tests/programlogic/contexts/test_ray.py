@@ -5,16 +5,27 @@ each test connects a RayContext to it, as a main job connects to a multi-machine
 cluster. The tests that train run under asyncio only (marked below): starting Ray and
 compiling on its workers is what costs, and awaiting object references under trio is
 covered by the tests that run under both backends.
+
+No assertion depends on how fast this machine is: client work that must be running, or
+must wait, does so on flags of a small Ray actor (:class:`Flags`) that the test sets or
+waits for. Work that blocks forever would hang a broken build, so the calls that must
+not wait for it run under :data:`HANG_GUARD`, which only turns such a hang into a
+failure. (The deadline tests rely on their quick clients finishing within the deadline.)
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import datetime
 import functools
+import json
 import os
 import signal
+import subprocess
 import sys
-import time
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -30,6 +41,7 @@ from programlogic import (  # noqa: E402
     InMemoryDataSource,
     LocalContext,
     NotEnoughClientsError,
+    ProgramLogicError,
     count_dropped_clients,
 )
 from programlogic.contexts.ray import RayContext  # noqa: E402
@@ -43,6 +55,11 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 FEATURES, CLASSES = 8, 3
+
+HANG_GUARD = 120
+"""Seconds after which a call that must not wait for abandoned work counts as hung."""
+
+REPOSITORY = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -163,18 +180,72 @@ def _same(data):
 
 def slow_when_asked(broadcast, client_id: str, data):
     if client_id.startswith("slow"):
-        time.sleep(120)
+        threading.Event().wait()  # never set: only the deadline ends this client
     return broadcast + data
+
+
+class Flags:
+    """Named flags on a Ray actor, which the test and client work set and wait for."""
+
+    def __init__(self) -> None:
+        self._flags: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+
+    async def set(self, name: str) -> None:
+        self._flags[name].set()
+
+    async def wait(self, name: str) -> None:
+        await self._flags[name].wait()
+
+
+def make_flags():
+    """A :class:`Flags` actor; it takes no CPU, so the pool's actors keep theirs."""
+    return ray.remote(num_cpus=0)(Flags).remote()
+
+
+async def wait_for_flag(flags, name: str) -> None:
+    """Wait, off the event loop, until ``name`` is set."""
+    await anyio.to_thread.run_sync(lambda: ray.get(flags.wait.remote(name)))
+
+
+async def set_flag(flags, name: str) -> None:
+    await anyio.to_thread.run_sync(lambda: ray.get(flags.set.remote(name)))
+
+
+def stuck(flags, client_id: str, data):
+    """Client work that says it started, then never ends, like a long computation.
+
+    It does not wait on Ray (``ray.cancel`` would cancel that wait): Ray cannot stop it.
+    """
+    ray.get(flags.set.remote(f"started {client_id}"))
+    threading.Event().wait()
+
+
+def stuck_or_failing(flags, client_id: str, data):
+    """``stuck`` for client "stuck"; the others raise once "stuck" is running."""
+    if client_id == "stuck":
+        stuck(flags, client_id, data)
+    ray.get(flags.wait.remote("started stuck"))
+    raise ValueError(f"no data for {client_id}")
+
+
+def meet(flags, client_id: str, data):
+    """Client work of "x" and "y" that ends only when both run at once (on two actors)."""
+    ray.get(flags.set.remote(f"arrived {client_id}"))
+    ray.get(flags.wait.remote("arrived y" if client_id == "x" else "arrived x"))
+    return client_id
+
+
+def meeting() -> list[ClientHandle]:
+    """The clients of :func:`meet`."""
+    return [ClientHandle("x", _one), ClientHandle("y", _one)]
 
 
 @asyncio_only
 async def test_a_deadline_drops_the_slow_client_and_counts_it(cluster) -> None:
     source = InMemoryDataSource({"a": 1, "b": 2, "slow": 3, "d": 4})
     async with RayContext(cluster.address, num_workers=2, round_deadline=3) as context:
-        started = time.monotonic()
         with count_dropped_clients() as dropped:
             results = await context.map_clients(slow_when_asked, 10, source.all_clients())
-        assert time.monotonic() - started < 20
         assert results == [11, 12, 14]
         assert dropped.client_ids == ["slow"]
         # The straggler's worker was replaced: the next call has the whole pool.
@@ -208,31 +279,99 @@ async def test_client_work_that_raises_names_the_client(cluster) -> None:
     assert isinstance(caught.value.error, ValueError)
 
 
-async def test_entered_from_a_running_event_loop_which_keeps_running(cluster) -> None:
-    gaps: list[float] = []
+async def test_a_call_after_a_cancelled_one_does_not_wait_for_its_work(cluster) -> None:
+    async with RayContext(cluster.address, num_workers=2) as context:
+        flags = make_flags()
+        async with anyio.create_task_group() as group:
+            group.start_soon(context.map_clients, stuck, flags, [ClientHandle("stuck", _one)])
+            await wait_for_flag(flags, "started stuck")  # running on an actor of the pool
+            group.cancel_scope.cancel()
+        # "stuck" never ends by itself; "x" and "y" need both actors at once.
+        with anyio.fail_after(HANG_GUARD):
+            assert await context.map_clients(meet, flags, meeting()) == ["x", "y"]
 
-    async def tick() -> None:
-        last = anyio.current_time()
-        while True:
-            await anyio.sleep(0.05)
-            now = anyio.current_time()
-            gaps.append(now - last)
-            last = now
 
+async def test_a_call_after_a_client_failure_does_not_wait_for_the_others_work(cluster) -> None:
+    clients = [ClientHandle("stuck", _one), ClientHandle("bad", _one)]
+    async with RayContext(cluster.address, num_workers=2) as context:
+        flags = make_flags()
+        with pytest.raises(ClientError, match=r"client 'bad'.*ValueError: no data for bad"):
+            await context.map_clients(stuck_or_failing, flags, clients)
+        with anyio.fail_after(HANG_GUARD):
+            assert await context.map_clients(meet, flags, meeting()) == ["x", "y"]
+
+
+@asyncio_only
+async def test_errors_of_ray_itself_are_ours_and_a_value_ray_cannot_pickle_a_type_error(
+    cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clients = [ClientHandle("a", _one)]
+    async with RayContext(cluster.address, num_workers=1) as context:
+        with pytest.raises(TypeError, match="Could not serialize the put value"):
+            await context.map_clients(slow_when_asked, threading.Lock(), clients)
+
+        def full(value, **options):
+            raise ray.exceptions.ObjectStoreFullError("no room for the broadcast")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(ray, "put", full)
+            with pytest.raises(
+                ProgramLogicError,
+                match="could not put the work of a call in the object store: "
+                "ObjectStoreFullError: no room for the broadcast",
+            ) as caught:
+                await context.map_clients(slow_when_asked, 1, clients)
+        assert isinstance(caught.value.__cause__, ray.exceptions.ObjectStoreFullError)
+        assert await context.map_clients(slow_when_asked, 1, clients) == [2]
+
+
+def waits_for_go(flags, client_id: str, data):
+    ray.get(flags.set.remote(f"started {client_id}"))
+    ray.get(flags.wait.remote("go"))
+    return data + 1
+
+
+def _recording(function: Callable, threads: set[int]) -> Callable:
+    @functools.wraps(function)
+    def recording(*args, **kwargs):
+        threads.add(threading.get_ident())
+        return function(*args, **kwargs)
+
+    return recording
+
+
+BLOCKING_RAY_CALLS = ("init", "shutdown", "put", "get", "wait", "kill", "cancel")
+
+
+async def test_entered_from_a_running_event_loop_which_keeps_running(
+    cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray's blocking calls are made off the event loop's thread ...
+    callers: dict[str, set[int]] = {name: set() for name in BLOCKING_RAY_CALLS}
+    for name in BLOCKING_RAY_CALLS:
+        monkeypatch.setattr(ray, name, _recording(getattr(ray, name), callers[name]))
     source = InMemoryDataSource({f"c{i}": i for i in range(20)})
-    async with anyio.create_task_group() as group:
-        group.start_soon(tick)
-        async with RayContext(cluster.address, num_workers=2) as context:
-            results = await context.map_clients(slow_when_asked, 1, source.all_clients())
-            grouped = await context.map_clients(
-                lambda b, ids, datas: [b * d for d in datas], 2, source.all_clients(), group_size=7
-            )
-        group.cancel_scope.cancel()
+    async with RayContext(cluster.address, num_workers=2) as context:
+        flags = make_flags()
+        # ... and the loop runs while a call waits: its clients wait for a flag that
+        # only a task of this loop sets, once the first of them runs.
+        async with task_group() as group:
+
+            async def go_once_started() -> None:
+                await wait_for_flag(flags, "started c0")
+                await set_flag(flags, "go")
+
+            group.start_soon(go_once_started)
+            with anyio.fail_after(HANG_GUARD):
+                results = await context.map_clients(waits_for_go, flags, source.all_clients())
+        grouped = await context.map_clients(
+            lambda b, ids, datas: [b * d for d in datas], 2, source.all_clients(), group_size=7
+        )
     assert results == [1 + int(c.client_id[1:]) for c in source.all_clients()]
     assert grouped == [2 * int(c.client_id[1:]) for c in source.all_clients()]
-    # Connecting, starting the pool and shutting down take seconds, all off the event
-    # loop; what remains is the GIL that ray.init holds for up to about a second.
-    assert max(gaps) < 2.0
+    assert callers["init"] and callers["put"] and callers["shutdown"]
+    loop_thread = threading.get_ident()
+    assert not [name for name, threads in callers.items() if loop_thread in threads]
 
 
 async def test_concurrent_calls_share_the_pool(cluster) -> None:
@@ -251,86 +390,129 @@ async def test_concurrent_calls_share_the_pool(cluster) -> None:
 
 
 LOST_DRIVER = """
+import json
 import sys
 from pathlib import Path
 
 import anyio
 
-from managers import FileProgramStateManager, MemoryReleaseManager
-from programlogic import ClusterConnectionError, train_model
+from managers import FileProgramStateManager, MemoryReleaseManager, ReleaseManager
+from programlogic import train_model
 from programlogic.contexts.ray import RayContext
 from programlogic.testing import FakeDataSource, FakeLearningProcess
 
 
-async def main(address, state_dir, more_rounds):
+class AnnounceRound3(ReleaseManager):
+    # Round 3's metrics are released once its state is saved.
+    async def release(self, value, key):
+        if key == 3:
+            print("released 3", flush=True)
+
+
+def record(outcome_file, outcome):
+    Path(outcome_file).write_text(json.dumps(outcome))
+    print("recorded", flush=True)
+
+
+async def main(address, state_dir, more_rounds, outcome_file):
     async with (
         RayContext(address, num_workers=1, health_check_interval=0.2),
         FileProgramStateManager(Path(state_dir), keep_total=2) as state,
     ):
         saved = max(await state.get_versions(), default=0)
-        result = await train_model(
-            train_process=FakeLearningProcess(),
-            train_data_source=FakeDataSource(8),
-            train_per_round_clients=4,
-            train_total_rounds=saved + more_rounds,
-            program_state_manager=state,
-            model_output_manager=MemoryReleaseManager(),
+        try:
+            result = await train_model(
+                train_process=FakeLearningProcess(),
+                train_data_source=FakeDataSource(8),
+                train_per_round_clients=4,
+                train_total_rounds=saved + more_rounds,
+                program_state_manager=state,
+                model_output_manager=MemoryReleaseManager(),
+                train_metrics_manager=AnnounceRound3(),
+            )
+        except Exception as error:
+            record(outcome_file, {"error": type(error).__name__, "message": str(error)})
+            raise
+        record(
+            outcome_file,
+            {"saved": saved, "resumed_from": result.resumed_from, "round": result.round_num},
         )
-    print("saved", saved, "resumed_from", result.resumed_from, "round", result.round_num)
 
 
-try:
-    anyio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]))
-except ClusterConnectionError as error:
-    sys.exit(f"ClusterConnectionError: {error}")
+anyio.run(main, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
 """
+
+
+async def read_until(stream, line: str) -> bool:
+    """Read ``stream`` until ``line`` arrives (True) or the stream ends (False)."""
+    buffered = b""
+    while True:
+        try:
+            buffered += await stream.receive()
+        except anyio.EndOfStream:
+            return False
+        if line.encode() in buffered.splitlines():
+            return True
+
+
+async def drain(stream) -> None:
+    """Read ``stream`` to its end, so that its writer never waits on a full pipe."""
+    async for _ in stream:
+        pass
 
 
 @asyncio_only
 async def test_a_lost_cluster_fails_training_clearly_and_a_rerun_resumes(
     cluster, tmp_path: Path
 ) -> None:
-    # The driver runs in a process of its own: when its cluster dies under it, Ray may
-    # end the driver process too (its own behaviour), which must not end the tests.
+    # The driver runs in a process of its own and records what happened (an error, or
+    # the rounds it ran) in a JSON file, then says so on its stdout. Its cluster loses
+    # its control service (GCS) first, which the context diagnoses, and its other
+    # processes once the driver has recorded the failure: Ray ends a driver whose
+    # raylet died (at once if it reads from the object store then), which the test
+    # does not race against.
     doomed = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    state_dir = tmp_path / "state"
-    environment = {**os.environ, "PYTHONPATH": os.getcwd()}
-
-    async def kill_the_cluster_after_round_3() -> None:
-        while not any(path.name.endswith("3") for path in _listing(state_dir)):
-            await anyio.sleep(0.05)
-        await anyio.to_thread.run_sync(
-            functools.partial(doomed.head_node.kill_all_processes, check_alive=False)
-        )
-
+    state_dir, outcome = tmp_path / "state", tmp_path / "outcome.json"
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    command = [sys.executable, "-c", LOST_DRIVER]
     try:
-        async with task_group() as group:
-            group.start_soon(kill_the_cluster_after_round_3)
-            lost = await anyio.run_process(
-                [sys.executable, "-c", LOST_DRIVER, doomed.address, str(state_dir), "100000"],
-                check=False,
+        with (tmp_path / "lost.stderr").open("wb") as stderr, anyio.fail_after(3 * HANG_GUARD):
+            async with await anyio.open_process(
+                [*command, doomed.address, str(state_dir), "100000", str(outcome)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
                 env=environment,
-            )
+            ) as lost:
+                reached_round_3 = await read_until(lost.stdout, "released 3")
+                await anyio.to_thread.run_sync(doomed.head_node.kill_gcs_server)
+                recorded = await read_until(lost.stdout, "recorded")
+                await anyio.to_thread.run_sync(
+                    functools.partial(doomed.head_node.kill_all_processes, check_alive=False)
+                )
+                await drain(lost.stdout)
+                await lost.wait()
     finally:
+        driver_logs = sorted(Path(doomed.head_node.get_session_dir_path()).glob("logs/*driver*"))
+        report = "".join(
+            f"{log}:\n{log.read_text(errors='replace')[-3000:]}\n" for log in driver_logs
+        )
         doomed.shutdown()
-    assert lost.returncode == 1
-    assert (
-        "ClusterConnectionError: lost the connection to the Ray cluster"
-        in (lost.stderr.decode().strip().splitlines()[-1])
-    )
+    report += (tmp_path / "lost.stderr").read_text(errors="replace")[-3000:]
+    assert reached_round_3 and recorded, f"the driver exited with {lost.returncode}:\n{report}"
+    assert lost.returncode != 0
+    failure = json.loads(outcome.read_text())
+    assert failure["error"] == "ClusterConnectionError", failure
+    assert failure["message"].startswith("lost the connection to the Ray cluster"), failure
+
     rerun = await anyio.run_process(
-        [sys.executable, "-c", LOST_DRIVER, cluster.address, str(state_dir), "2"],
+        [*command, cluster.address, str(state_dir), "2", str(outcome)],
         check=False,
         env=environment,
     )
-    assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
-    _, saved, _, resumed_from, _, round_num = rerun.stdout.decode().split()
-    assert int(saved) >= 3
-    assert (int(resumed_from), int(round_num)) == (int(saved), int(saved) + 2)
-
-
-def _listing(directory: Path) -> list[Path]:
-    return list(directory.iterdir()) if directory.exists() else []
+    assert rerun.returncode == 0, rerun.stderr.decode()[-3000:]
+    resumed = json.loads(outcome.read_text())
+    assert resumed["saved"] >= 3
+    assert (resumed["resumed_from"], resumed["round"]) == (resumed["saved"], resumed["saved"] + 2)
 
 
 async def test_leaves_a_cluster_it_connected_to_running(cluster) -> None:
