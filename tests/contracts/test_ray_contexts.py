@@ -5,7 +5,6 @@ Asyncio only, as the other tests that start Ray: each test enters a new RayConte
 """
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -43,11 +42,3 @@ class TestRayContext(FederatedContextContract):
     test_a_context_cannot_be_entered_twice_at_once = None
     test_leaving_the_context_cancels_its_unfinished_background_work = None
     test_a_background_failure_nobody_collected_is_raised_on_leaving = None
-
-    @pytest.mark.xfail(strict=True, reason="Ray cancellation: issue 16 item 4")
-    async def test_a_cancelled_call_leaves_no_work_running_and_the_next_call_completes(
-        self, make_context: Callable[[], RayContext], tmp_path: Path
-    ) -> None:
-        await super().test_a_cancelled_call_leaves_no_work_running_and_the_next_call_completes(
-            make_context, tmp_path
-        )
