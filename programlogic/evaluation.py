@@ -134,6 +134,11 @@ class EvaluationManager:
         self._lock: anyio.Lock | None = None
 
     @property
+    def duration(self) -> datetime.timedelta:
+        """How long each evaluation runs evaluation rounds (at least one)."""
+        return datetime.timedelta(seconds=self._duration)
+
+    @property
     def in_flight(self) -> dict[int, int]:
         """Train round -> start time (int seconds) of every unfinished evaluation."""
         return dict(self._in_flight)

@@ -137,7 +137,10 @@ async def train_model(
     after step 2 of every round, on the results that have arrived. Both are asked
     before step 3. When the policy stops, round ``r`` is the last: it is saved marked
     stopped with the policy's reason, evaluated, its model released as the final one,
-    and the result's ``stop_reason`` is that reason, on a rerun too.
+    and the result's ``stop_reason`` is that reason, on a rerun too. The waiting mode
+    waits for each evaluation's whole ``duration`` (24 hours by default): give the
+    :class:`~programlogic.EvaluationManager` ``duration=timedelta(0)`` for one
+    evaluation round (a warning is logged when it is longer).
 
     Resuming: the newest version of ``program_state_manager`` is loaded and checked
     first: a checkpoint written with another seed, number of clients per round or
@@ -191,6 +194,7 @@ async def train_model(
     except ValueError as error:
         raise ValueError(f"train_per_round_clients={train_per_round_clients}: {error}") from None
     get_context()  # a clear error outside a federated context
+    _warn_of_long_waits(stopping, stopping_waits_for_evaluations, evaluation_manager)
     program = _Program(
         process=train_process,
         state_manager=program_state_manager,
@@ -513,6 +517,27 @@ def _equal(saved: Any, current: Any) -> bool:
 
 def _show(value: Any) -> str:
     return "nothing" if value is _ABSENT else repr(value)
+
+
+def _warn_of_long_waits(
+    stopping: StoppingPolicy | None,
+    stopping_waits_for_evaluations: bool,
+    evaluation_manager: EvaluationManagerProtocol | None,
+) -> None:
+    """Log a warning when the waiting mode would hold each round for a long evaluation."""
+    duration = getattr(evaluation_manager, "duration", None)
+    if (
+        stopping is not None
+        and stopping_waits_for_evaluations
+        and isinstance(duration, datetime.timedelta)
+        and duration > datetime.timedelta(0)
+    ):
+        logger.warning(
+            "stopping_waits_for_evaluations=True: each evaluated round waits until its "
+            "evaluation's duration (%s) is over; give the EvaluationManager "
+            "duration=timedelta(0) to decide after one evaluation round",
+            duration,
+        )
 
 
 def _check_arguments(**arguments: Any) -> int | datetime.timedelta:

@@ -1,4 +1,5 @@
 import datetime
+import logging
 from typing import Any
 
 import pytest
@@ -426,3 +427,45 @@ async def test_stopping_arguments_are_checked() -> None:
         await train_model(**arguments, stopping=object())
     with pytest.raises(TypeError, match="stopping_waits_for_evaluations must be a bool"):
         await train_model(**arguments, stopping=patience(), stopping_waits_for_evaluations="yes")
+
+
+class _StopsAtInitialize(Counting):
+    """A process that fails at once: the test looks only at what train_model logged first."""
+
+    async def initialize(self):
+        raise SimulatedCrash("initialize")
+
+
+@pytest.mark.parametrize(
+    ("duration", "warned"), [(datetime.timedelta(hours=24), True), (datetime.timedelta(0), False)]
+)
+async def test_the_waiting_mode_warns_when_evaluations_run_for_a_long_duration(
+    caplog: pytest.LogCaptureFixture, duration: datetime.timedelta, warned: bool
+) -> None:
+    evaluations = EvaluationManager(
+        data_source=FakeDataSource(4),
+        aggregated_metrics_manager=MemoryReleaseManager(),
+        create_state_manager_fn=lambda name: MemoryProgramStateManager(),
+        create_process_fn=lambda name: (Scripted(), MemoryReleaseManager()),
+        cohort_size=2,
+        duration=duration,
+    )
+    caplog.set_level(logging.WARNING, logger="programlogic.training")
+    async with LocalContext():
+        with pytest.raises(SimulatedCrash):
+            await train_model(
+                train_process=_StopsAtInitialize(),
+                train_data_source=FakeDataSource(4),
+                train_per_round_clients=2,
+                train_total_rounds=3,
+                program_state_manager=MemoryProgramStateManager(),
+                model_output_manager=MemoryReleaseManager(),
+                evaluation_manager=evaluations,
+                stopping=PatienceStopping("eval/loss", MemoryProgramStateManager()),
+                stopping_waits_for_evaluations=True,
+            )
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert bool(warnings) is warned
+    if warned:
+        assert "duration (1 day, 0:00:00)" in warnings[0]
+        assert "duration=timedelta(0)" in warnings[0]
