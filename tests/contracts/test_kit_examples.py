@@ -32,6 +32,7 @@ def kit_examples() -> list[str]:
         "FederatedContext",
         "FederatedDataSource",
         "LearningProcess",
+        "StoppingPolicy",
     ],
 )
 async def test_an_example_subclasses_each_suite_and_passes_it(tmp_path, suite: str) -> None:
