@@ -14,6 +14,8 @@ from typing import Any
 
 import anyio
 
+from managers.validation import check_int, check_type
+
 __all__ = ["FakeValueReference"]
 
 
@@ -43,9 +45,9 @@ class FakeValueReference:
         gate: anyio.Event | None = None,
     ) -> None:
         self.value = value
-        self.error = error
-        self.delay = delay
-        self.gate = gate
+        self.error = check_type("error", error, BaseException, allow_none=True)
+        self.delay = check_int("delay", delay, minimum=0)
+        self.gate = check_type("gate", gate, anyio.Event, allow_none=True)
         self.calls = 0
 
     async def get_value(self) -> Any:
