@@ -36,7 +36,8 @@ class RecordFormat(ABC, Generic[Layout, Record]):
 
     A *record* is what a release writes for its key, compared by ``==`` to tell an
     unchanged release; a *layout* is what the whole file shares (a CSV header), which
-    a record may widen. Every method may run in a worker thread except :meth:`encode`.
+    a record may widen. :meth:`read` and :meth:`render` run in a worker thread, the
+    others on the event loop.
     """
 
     @abstractmethod
