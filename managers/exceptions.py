@@ -18,7 +18,13 @@ they propagate as they are.
 
 from __future__ import annotations
 
-__all__ = ["ManagerError", "VersionError", "VersionExistsError", "VersionNotFoundError"]
+__all__ = [
+    "ManagerError",
+    "SerializationError",
+    "VersionError",
+    "VersionExistsError",
+    "VersionNotFoundError",
+]
 
 
 class ManagerError(Exception):
@@ -35,3 +41,8 @@ class VersionExistsError(VersionError):
 
 class VersionNotFoundError(ManagerError, LookupError):
     """No program state is saved under the requested version."""
+
+
+class SerializationError(ManagerError):
+    """Data that cannot be decoded: not a payload of this codec, an unknown format
+    version, a checksum mismatch (damaged bytes) or a truncated payload."""

@@ -7,26 +7,21 @@ import io
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 
-from managers._files import append, open_for_append, replace_and_reopen
-from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.release._keyed_file import KeyedFile, RecordFormat
+from managers.release.base import ReleaseKey, ReleaseManager
 from managers.structure import flatten
 from managers.validation import check_path, check_str
-from managers.values import materialize
 
 __all__ = ["CSVFileReleaseManager"]
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _INT_KEY = re.compile(r"0|-?[1-9][0-9]*")
 _TEXT_MARK = "'"
 
@@ -89,10 +84,7 @@ class CSVFileReleaseManager(ReleaseManager):
     def __init__(self, file_path: str | os.PathLike[str], *, key_fieldname: str = "key") -> None:
         self._path = check_path("file_path", file_path)
         check_str("key_fieldname", key_fieldname, allow_empty=False)
-        self._key_fieldname = key_fieldname
-        self._lock: anyio.Lock | None = None
-        self._calls = 0
-        self._forget()
+        self._file = KeyedFile(self._path, _CSVFormat(key_fieldname))
 
     @property
     def file_path(self) -> Path:
@@ -100,89 +92,23 @@ class CSVFileReleaseManager(ReleaseManager):
         return self._path
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
-        check_key(key)
-        self._calls += 1
-        call = self._calls
-        cells = self._cells(await materialize(value))
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
-            if not self._loaded:
-                await self._load()
-            row = self._rows.get(key)
-            if row is not None:
-                if row.call > call:
-                    return  # a later release of this key has been written
-                if row.cells == cells and not self._must_rewrite:
-                    row.call = call
-                    return
-            new_columns = [path for path in cells if path not in self._columns]
-            if row is None and not new_columns and not self._must_rewrite:
-                line = _line(_row_fields(key, cells, self._header)).encode()
-                await self._write(append, self._file, line)
-            else:
-                header = self._header + new_columns
-                self._file = await self._write(
-                    replace_and_reopen, self._path, self._file, self._encoded, header, key, cells
-                )
-                self._header = header
-                self._columns.update(new_columns)
-                self._must_rewrite = False
-            self._rows[key] = _Row(cells, call)
+        await self._file.release(value, key)
 
     async def aclose(self) -> None:
-        if self._lock is None:
-            return
-        with anyio.CancelScope(shield=True):  # leaving `async with` on cancellation closes too
-            async with self._lock:
-                file = self._file
-                self._forget()
-                if file is not None:
-                    await anyio.to_thread.run_sync(file.close)
+        await self._file.aclose()
 
-    def _forget(self) -> None:
-        """Drop what was read from the file, so that the next release reads it again."""
-        self._loaded = False
-        self._header: list[str] = []  # the value columns, after the key column
-        self._columns: set[str] = set()
-        self._rows: dict[ReleaseKey, _Row] = {}
-        self._file: io.FileIO | None = None  # open for appending
-        self._must_rewrite = False
 
-    async def _load(self) -> None:
-        header, rows, self._must_rewrite = await anyio.to_thread.run_sync(
-            _read, self._path, self._key_fieldname
-        )
-        self._header = header
-        self._columns = set(header)
-        self._rows = {key: _Row(cells, 0) for key, cells in rows.items()}
-        if not self._must_rewrite:
-            self._file = await anyio.to_thread.run_sync(open_for_append, self._path)
-        self._loaded = True
+_Header = dict[str, None]  # the value columns after the key column, in order
+_Cells = dict[str, str]  # path -> non-empty cell
 
-    async def _write(self, function: Callable[..., _T], *args: Any) -> _T:
-        try:
-            return await anyio.to_thread.run_sync(function, *args)
-        except BaseException:
-            # The file may hold part of this write; the rows in memory are what it should
-            # hold, so the next release rewrites it from them.
-            self._must_rewrite = True
-            raise
 
-    def _text(self, header: list[str], key: ReleaseKey, cells: dict[str, str]) -> str:
-        """The whole file, with ``key``'s row holding ``cells``; run in a worker thread."""
-        rows = (
-            _row_fields(row_key, cells if row_key == key else row.cells, header)
-            for row_key, row in self._rows.items()
-        )
-        if key not in self._rows:
-            rows = (*rows, _row_fields(key, cells, header))
-        return _lines([[self._key_fieldname, *header], *rows])
+class _CSVFormat(RecordFormat[_Header, _Cells]):
+    """A row per key: the key's cell, then a cell per column of the header."""
 
-    def _encoded(self, header: list[str], key: ReleaseKey, cells: dict[str, str]) -> bytes:
-        return self._text(header, key, cells).encode()
+    def __init__(self, key_fieldname: str) -> None:
+        self._key_fieldname = key_fieldname
 
-    def _cells(self, value: Any) -> dict[str, str]:
+    def encode(self, key: ReleaseKey, value: Any) -> _Cells:
         flat = flatten(value)
         cells = {path: _cell(path, leaf) for path, leaf in flat}
         if len(cells) != len(flat):
@@ -197,11 +123,22 @@ class CSVFileReleaseManager(ReleaseManager):
             )
         return {path: cell for path, cell in cells.items() if cell}
 
+    def read(self, path: Path) -> tuple[_Header, dict[ReleaseKey, _Cells], bool]:
+        header, rows, must_rewrite = _read(path, self._key_fieldname)
+        return dict.fromkeys(header), rows, must_rewrite
 
-@dataclass(slots=True)
-class _Row:
-    cells: dict[str, str]  # path -> non-empty cell
-    call: int  # the release call that wrote the row; 0 when read from the file
+    def widen(self, layout: _Header, record: _Cells) -> _Header:
+        new_columns = [path for path in record if path not in layout]
+        if not new_columns:
+            return layout
+        return {**layout, **dict.fromkeys(new_columns)}
+
+    def line(self, layout: _Header, key: ReleaseKey, record: _Cells) -> bytes:
+        return _lines([_row_fields(key, record, layout)]).encode()
+
+    def render(self, layout: _Header, records: list[tuple[ReleaseKey, _Cells]]) -> bytes:
+        rows = (_row_fields(key, cells, layout) for key, cells in records)
+        return _lines([[self._key_fieldname, *layout], *rows]).encode()
 
 
 def _cell(path: str, leaf: Any) -> str:
@@ -255,7 +192,7 @@ def _parse_key(cell: str) -> ReleaseKey:
     return cell
 
 
-def _row_fields(key: ReleaseKey, cells: dict[str, str], header: list[str]) -> list[str]:
+def _row_fields(key: ReleaseKey, cells: _Cells, header: Iterable[str]) -> list[str]:
     return [_key_cell(key), *(cells.get(column, "") for column in header)]
 
 
@@ -263,10 +200,6 @@ def _lines(rows: Iterable[list[str]]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerows(rows)
     return buffer.getvalue()
-
-
-def _line(fields: list[str]) -> str:
-    return _lines([fields])
 
 
 def _read(

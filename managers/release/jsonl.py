@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 import orjson
 
-from managers._files import append, open_for_append, replace_and_reopen
-from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.release._keyed_file import KeyedFile, RecordFormat
+from managers.release.base import ReleaseKey, ReleaseManager
 from managers.structure import flatten
 from managers.validation import check_path
-from managers.values import materialize
 
 __all__ = ["JSONLinesReleaseManager"]
 
 logger = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -73,9 +66,7 @@ class JSONLinesReleaseManager(ReleaseManager):
 
     def __init__(self, file_path: str | os.PathLike[str]) -> None:
         self._path = check_path("file_path", file_path)
-        self._lock: anyio.Lock | None = None
-        self._calls = 0
-        self._forget()
+        self._file = KeyedFile(self._path, _JSONLinesFormat())
 
     @property
     def file_path(self) -> Path:
@@ -83,92 +74,40 @@ class JSONLinesReleaseManager(ReleaseManager):
         return self._path
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
-        check_key(key)
-        self._calls += 1
-        call = self._calls
-        line = _encode(key, await materialize(value))
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
-            if not self._loaded:
-                await self._load()
-            row = self._rows.get(key)
-            if row is not None:
-                if row.call > call:
-                    return  # a later release of this key has been written
-                if row.line == line and not self._must_rewrite:
-                    row.call = call
-                    return
-            if row is None and not self._must_rewrite:
-                await self._write(append, self._file, line + b"\n")
-            else:
-                self._file = await self._write(
-                    replace_and_reopen, self._path, self._file, self._text, key, line
-                )
-                self._must_rewrite = False
-            self._rows[key] = _Row(line, call)
+        await self._file.release(value, key)
 
     async def aclose(self) -> None:
-        if self._lock is None:
-            return
-        with anyio.CancelScope(shield=True):  # leaving `async with` on cancellation closes too
-            async with self._lock:
-                file = self._file
-                self._forget()
-                if file is not None:
-                    await anyio.to_thread.run_sync(file.close)
+        await self._file.aclose()
 
-    def _forget(self) -> None:
-        """Drop what was read from the file, so that the next release reads it again."""
-        self._loaded = False
-        self._rows: dict[ReleaseKey, _Row] = {}
-        self._file: io.FileIO | None = None  # open for appending
-        self._must_rewrite = False
 
-    async def _load(self) -> None:
-        lines, self._must_rewrite = await anyio.to_thread.run_sync(_read, self._path)
-        self._rows = {key: _Row(line, 0) for key, line in lines.items()}
-        if not self._must_rewrite:
-            self._file = await anyio.to_thread.run_sync(open_for_append, self._path)
-        self._loaded = True
+class _JSONLinesFormat(RecordFormat[None, bytes]):
+    """A line per key, without its line end; the lines share no layout."""
 
-    async def _write(self, function: Callable[..., _T], *args: Any) -> _T:
+    def encode(self, key: ReleaseKey, value: Any) -> bytes:
         try:
-            return await anyio.to_thread.run_sync(function, *args)
-        except BaseException:
-            # The file may hold part of this write; the lines in memory are what it should
-            # hold, so the next release rewrites it from them.
-            self._must_rewrite = True
+            return orjson.dumps({"key": key, "value": value}, option=_OPTIONS, default=_default)
+        except TypeError as error:
+            for path, leaf in flatten(value):
+                try:
+                    orjson.dumps(leaf, option=_OPTIONS, default=_default)
+                except TypeError:
+                    raise TypeError(
+                        f"the leaf at path {path!r}, a {type(leaf).__name__}, cannot be "
+                        f"written as JSON: {error}"
+                    ) from error
             raise
 
-    def _text(self, key: ReleaseKey, line: bytes) -> bytes:
-        """The whole file, with ``key``'s line being ``line``; run in a worker thread."""
-        lines = [line if row_key == key else row.line for row_key, row in self._rows.items()]
-        if key not in self._rows:
-            lines.append(line)
-        lines.append(b"")
-        return b"\n".join(lines)
+    def read(self, path: Path) -> tuple[None, dict[ReleaseKey, bytes], bool]:
+        return None, *_read(path)
 
+    def widen(self, layout: None, record: bytes) -> None:
+        return layout
 
-@dataclass(slots=True)
-class _Row:
-    line: bytes  # without its line end
-    call: int  # the release call that wrote the line; 0 when read from the file
+    def line(self, layout: None, key: ReleaseKey, record: bytes) -> bytes:
+        return record + b"\n"
 
-
-def _encode(key: ReleaseKey, value: Any) -> bytes:
-    try:
-        return orjson.dumps({"key": key, "value": value}, option=_OPTIONS, default=_default)
-    except TypeError as error:
-        for path, leaf in flatten(value):
-            try:
-                orjson.dumps(leaf, option=_OPTIONS, default=_default)
-            except TypeError:
-                raise TypeError(
-                    f"the leaf at path {path!r}, a {type(leaf).__name__}, cannot be written "
-                    f"as JSON: {error}"
-                ) from error
-        raise
+    def render(self, layout: None, records: list[tuple[ReleaseKey, bytes]]) -> bytes:
+        return b"\n".join([*(line for _, line in records), b""])
 
 
 def _default(value: Any) -> Any:

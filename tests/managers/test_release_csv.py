@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from managers.release.csv_file import CSVFileReleaseManager
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
 
@@ -387,19 +388,13 @@ async def test_aclose_lets_a_later_release_read_the_file_again(tmp_path):
 async def test_concurrent_releases_with_new_columns(tmp_path):
     path = tmp_path / "metrics.csv"
 
-    class Later:
-        def __init__(self, value: Any, delay: int) -> None:
-            self.value, self.delay = value, delay
-
-        async def get_value(self) -> Any:
-            for _ in range(self.delay):
-                await anyio.sleep(0)
-            return self.value
-
     async with CSVFileReleaseManager(path) as manager:
         async with anyio.create_task_group() as group:
             for key in range(30):
-                value = {"loss": Later(float(key), key % 4), f"metric_{key % 6}": key}
+                value = {
+                    "loss": FakeValueReference(float(key), delay=key % 4),
+                    f"metric_{key % 6}": key,
+                }
                 group.start_soon(manager.release, value, key)
     header, *body = rows(path)
     assert header[:1] == ["key"] and sorted(header[1:]) == sorted(
@@ -416,12 +411,10 @@ async def test_concurrent_releases_with_new_columns(tmp_path):
 async def test_failed_release_leaves_the_file_as_it_was(tmp_path):
     path = tmp_path / "metrics.csv"
 
-    class Failing:
-        async def get_value(self) -> Any:
-            raise OSError("no value")
-
     async with CSVFileReleaseManager(path) as manager:
         await manager.release({"loss": 1.0}, 1)
         with pytest.raises(OSError, match="no value"):
-            await manager.release({"loss": Failing(), "new_column": 1}, 1)
+            await manager.release(
+                {"loss": FakeValueReference(error=OSError("no value")), "new_column": 1}, 1
+            )
     assert path.read_text(encoding="utf-8") == "key,loss\n1,1.0\n"

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from managers import MemoryReleaseManager
 from managers.release.delayed import DelayedReleaseManager
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
-
-
-class NeverAwaited:
-    async def get_value(self) -> Any:
-        raise AssertionError("a dropped release materialized its value")
 
 
 async def test_keys_from_the_delay_on_pass():
@@ -41,8 +35,10 @@ async def test_str_keys_always_pass():
 
 async def test_dropped_release_is_not_materialized():
     memory = MemoryReleaseManager()
-    await DelayedReleaseManager(memory, 2).release({"loss": NeverAwaited()}, 1)
+    reference = FakeValueReference(0.5)
+    await DelayedReleaseManager(memory, 2).release({"loss": reference}, 1)
     assert memory.values() == {}
+    assert reference.calls == 0
 
 
 async def test_invalid_key_raises_even_when_it_would_be_dropped():

@@ -6,12 +6,12 @@ import collections
 import dataclasses
 from typing import Any, NamedTuple
 
-import anyio
 import pytest
 
 from managers import MemoryReleaseManager
 from managers.release.filtering import FilteringReleaseManager
 from managers.structure import flatten
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
 
@@ -25,15 +25,6 @@ class Metrics(NamedTuple):
 class Summary:
     rounds: Any
     best: Any
-
-
-class Later:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    async def get_value(self) -> Any:
-        await anyio.sleep(0)
-        return self.value
 
 
 METRICS = {
@@ -108,13 +99,16 @@ async def test_partly_kept_dict_keeps_its_type():
 
 
 async def test_references_are_materialized_before_filtering():
-    value = {"eval": Later({"loss": 0.5, "accuracy": 0.75}), "train": Later(0.1)}
+    value = {
+        "eval": FakeValueReference({"loss": 0.5, "accuracy": 0.75}),
+        "train": FakeValueReference(0.1),
+    }
     held = await filtered(value, lambda path: path == "eval/accuracy")
     assert held == {1: {"eval": {"accuracy": 0.75}}}
 
 
 async def test_root_leaf_has_the_empty_path():
-    assert await filtered(Later("model"), lambda path: path == "", key="final") == {
+    assert await filtered(FakeValueReference("model"), lambda path: path == "", key="final") == {
         "final": "model"
     }
     assert await filtered("model", lambda path: path != "", key="final") == {}

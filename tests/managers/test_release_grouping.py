@@ -9,6 +9,7 @@ import pytest
 
 from managers import MemoryReleaseManager, ReleaseManager
 from managers.release.grouping import GroupingReleaseManager
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
 
@@ -45,19 +46,6 @@ class ClosingReleaseManager(MemoryReleaseManager):
         self.closed += 1
 
 
-class Counted:
-    """A value reference that counts how often it is awaited."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self.awaited = 0
-
-    async def get_value(self) -> Any:
-        self.awaited += 1
-        await anyio.sleep(0)
-        return self.value
-
-
 async def test_releases_to_every_manager():
     first, second, third = MemoryReleaseManager(), MemoryReleaseManager(), MemoryReleaseManager()
     group = GroupingReleaseManager([first, second, third])
@@ -70,9 +58,9 @@ async def test_releases_to_every_manager():
 
 async def test_value_is_materialized_once_and_shared():
     first, second = MemoryReleaseManager(), MemoryReleaseManager()
-    reference = Counted({"weights": [1.0, 2.0]})
+    reference = FakeValueReference({"weights": [1.0, 2.0]})
     await GroupingReleaseManager([first, second]).release({"model": reference}, 3)
-    assert reference.awaited == 1
+    assert reference.calls == 1
     assert first.values() == {3: {"model": {"weights": [1.0, 2.0]}}}
     assert first.values()[3] is second.values()[3]
 
@@ -124,20 +112,18 @@ async def test_calls_of_one_key_are_handed_on_in_call_order():
 async def test_failing_reference_reaches_no_manager():
     memory = MemoryReleaseManager()
 
-    class Failing:
-        async def get_value(self) -> Any:
-            raise RuntimeError("no value")
-
     with pytest.raises(RuntimeError, match="no value"):
-        await GroupingReleaseManager([memory]).release({"loss": Failing()}, 1)
+        await GroupingReleaseManager([memory]).release(
+            {"loss": FakeValueReference(error=RuntimeError("no value"))}, 1
+        )
     assert memory.values() == {}
 
 
 async def test_empty_group_checks_keys_and_materializes():
     group = GroupingReleaseManager([])
-    reference = Counted(1)
+    reference = FakeValueReference(1)
     await group.release(reference, 1)
-    assert reference.awaited == 1
+    assert reference.calls == 1
     with pytest.raises(TypeError, match="release key must be an int or a str, got float"):
         await group.release(1, 1.0)
 

@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-import anyio
 import numpy as np
 import pytest
 
 from managers.release.logging import LoggingReleaseManager
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
-
-
-class Later:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    async def get_value(self) -> Any:
-        await anyio.sleep(0)
-        return self.value
 
 
 def logged(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int, str]]:
@@ -30,8 +20,8 @@ def logged(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int, str]]:
 async def test_logs_key_and_materialized_value(caplog):
     caplog.set_level(logging.INFO, logger="managers.release.logging")
     manager = LoggingReleaseManager()
-    await manager.release({"loss": Later(0.5), "round": 3}, 3)
-    await manager.release(Later("model"), "final")
+    await manager.release({"loss": FakeValueReference(0.5), "round": 3}, 3)
+    await manager.release(FakeValueReference("model"), "final")
     assert logged(caplog) == [
         ("managers.release.logging", logging.INFO, "released key 3: {'loss': 0.5, 'round': 3}"),
         ("managers.release.logging", logging.INFO, "released key 'final': 'model'"),
@@ -64,12 +54,10 @@ async def test_nothing_is_logged_below_the_logger_level(caplog):
 async def test_failing_reference_raises_and_logs_nothing(caplog):
     caplog.set_level(logging.INFO, logger="managers.release.logging")
 
-    class Failing:
-        async def get_value(self) -> Any:
-            raise OSError("no value")
-
     with pytest.raises(OSError, match="no value"):
-        await LoggingReleaseManager().release({"loss": Failing()}, 1)
+        await LoggingReleaseManager().release(
+            {"loss": FakeValueReference(error=OSError("no value"))}, 1
+        )
     assert caplog.records == []
 
 

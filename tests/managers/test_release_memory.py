@@ -8,17 +8,9 @@ import anyio
 import pytest
 
 from managers import MemoryReleaseManager
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
-
-
-class Later:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    async def get_value(self) -> Any:
-        await anyio.sleep(0)
-        return self.value
 
 
 async def test_values_empty():
@@ -42,7 +34,7 @@ async def test_re_release_keeps_position():
 
 async def test_values_are_stored_materialized():
     manager = MemoryReleaseManager()
-    await manager.release({"loss": Later(0.5)}, 1)
+    await manager.release({"loss": FakeValueReference(0.5)}, 1)
     assert manager.values() == {1: {"loss": 0.5}}
 
 
@@ -104,14 +96,10 @@ async def test_values_returns_a_copy():
 
 
 async def test_failing_release_keeps_previous_value():
-    class Failing:
-        async def get_value(self) -> Any:
-            raise RuntimeError("no value")
-
     manager = MemoryReleaseManager(max_entries=1)
     await manager.release("kept", 1)
     with pytest.raises(RuntimeError, match="no value"):
-        await manager.release(Failing(), 2)
+        await manager.release(FakeValueReference(error=RuntimeError("no value")), 2)
     assert manager.values() == {1: "kept"}
 
 
@@ -130,27 +118,23 @@ async def test_invalid_max_entries(max_entries, error, found):
         MemoryReleaseManager(max_entries=max_entries)
 
 
-class Gate:
-    """A value reference that gives its value, or raises, once it is opened."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self.opened = anyio.Event()
-
-    async def get_value(self) -> Any:
-        await self.opened.wait()
-        if isinstance(self.value, Exception):
-            raise self.value
-        return self.value
+def gated(value: Any = None, *, error: Exception | None = None) -> FakeValueReference:
+    """A reference that gives ``value``, or raises ``error``, once its gate is set."""
+    return FakeValueReference(value, error=error, delay=0, gate=anyio.Event())
 
 
-async def overlapping_releases(manager: MemoryReleaseManager, first: Gate, second: Gate, opening):
-    """Release ``first`` then ``second`` under key 1, open them in ``opening`` order."""
+async def overlapping_releases(
+    manager: MemoryReleaseManager,
+    first: FakeValueReference,
+    second: FakeValueReference,
+    opening: tuple[FakeValueReference, ...],
+) -> list[Exception]:
+    """Release ``first`` then ``second`` under key 1, open their gates in ``opening`` order."""
     failures: list[Exception] = []
 
-    async def release(gate: Gate) -> None:
+    async def release(reference: FakeValueReference) -> None:
         try:
-            await manager.release(gate, 1)
+            await manager.release(reference, 1)
         except RuntimeError as error:
             failures.append(error)
 
@@ -159,8 +143,8 @@ async def overlapping_releases(manager: MemoryReleaseManager, first: Gate, secon
         await anyio.wait_all_tasks_blocked()
         group.start_soon(release, second)
         await anyio.wait_all_tasks_blocked()
-        for gate in opening:
-            gate.opened.set()
+        for reference in opening:
+            reference.gate.set()
             await anyio.wait_all_tasks_blocked()
     return failures
 
@@ -169,7 +153,7 @@ async def overlapping_releases(manager: MemoryReleaseManager, first: Gate, secon
 async def test_a_failed_later_release_leaves_the_earlier_success(first_finishes_first):
     manager = MemoryReleaseManager()
     await manager.release("before", 1)
-    first, second = Gate("first"), Gate(RuntimeError("second failed"))
+    first, second = gated("first"), gated(error=RuntimeError("second failed"))
     opening = (first, second) if first_finishes_first else (second, first)
     failures = await overlapping_releases(manager, first, second, opening)
     assert [str(error) for error in failures] == ["second failed"]
@@ -179,7 +163,7 @@ async def test_a_failed_later_release_leaves_the_earlier_success(first_finishes_
 @pytest.mark.parametrize("first_finishes_first", [True, False])
 async def test_overlapping_successes_keep_the_one_called_last(first_finishes_first):
     manager = MemoryReleaseManager()
-    first, second = Gate("first"), Gate("second")
+    first, second = gated("first"), gated("second")
     opening = (first, second) if first_finishes_first else (second, first)
     assert await overlapping_releases(manager, first, second, opening) == []
     assert manager.values() == {1: "second"}
@@ -188,8 +172,8 @@ async def test_overlapping_successes_keep_the_one_called_last(first_finishes_fir
 async def test_a_failed_release_leaves_what_the_key_held():
     manager = MemoryReleaseManager()
     await manager.release("before", 1)
-    first = Gate(RuntimeError("first failed"))
-    second = Gate(RuntimeError("second failed"))
+    first = gated(error=RuntimeError("first failed"))
+    second = gated(error=RuntimeError("second failed"))
     failures = await overlapping_releases(manager, first, second, (second, first))
     assert sorted(str(error) for error in failures) == ["first failed", "second failed"]
     assert manager.values() == {1: "before"}

@@ -10,6 +10,7 @@ import pytest
 from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
 from managers.clock import SystemClock
 from managers.release.periodic import PeriodicReleaseManager
+from managers.testing import FakeValueReference
 
 pytestmark = pytest.mark.anyio
 
@@ -27,11 +28,6 @@ class FakeClock:
 
     def advance(self, **delta: float) -> None:
         self.time += timedelta(**delta)
-
-
-class NeverAwaited:
-    async def get_value(self) -> Any:
-        raise AssertionError("a dropped release materialized its value")
 
 
 async def test_int_periodicity_passes_every_nth_key():
@@ -60,8 +56,10 @@ async def test_str_keys_always_pass():
 
 async def test_dropped_release_is_not_materialized():
     memory = MemoryReleaseManager()
-    await PeriodicReleaseManager(memory, 2).release({"loss": NeverAwaited()}, 1)
+    reference = FakeValueReference(0.5)
+    await PeriodicReleaseManager(memory, 2).release({"loss": reference}, 1)
     assert memory.values() == {}
+    assert reference.calls == 0
 
 
 async def test_timedelta_periodicity_follows_the_clock():

@@ -21,6 +21,7 @@ import pytest
 from managers.release.base import ReleaseManager
 from managers.release.tensorboard import TensorBoardReleaseManager
 from managers.structure import flatten
+from managers.testing import FakeValueReference
 
 # TensorBoard's reader imports TensorFlow for file access when it is installed; this is
 # TensorBoard's own switch to its built-in stub, so the reader behaves the same everywhere.
@@ -57,17 +58,6 @@ def _histogram_tags(directory: Path) -> list[str]:
 def _f32(value: float) -> float:
     """``value`` as TensorBoard stores a scalar (float32)."""
     return float(np.float32(value))
-
-
-class Later:
-    def __init__(self, value: Any, delay: int = 1) -> None:
-        self.value = value
-        self.delay = delay
-
-    async def get_value(self) -> Any:
-        for _ in range(self.delay):
-            await anyio.sleep(0)
-        return self.value
 
 
 class Metrics(NamedTuple):
@@ -258,9 +248,9 @@ async def test_key_outside_int64_raises_value_error(tmp_path, key):
 
 async def test_value_references_are_materialized(tmp_path):
     value = {
-        "loss": Later(0.25),
-        "nested": {"accuracy": Later(0.75, delay=3), "count": 3},
-        "weights": Later(np.arange(5.0)),
+        "loss": FakeValueReference(0.25),
+        "nested": {"accuracy": FakeValueReference(0.75, delay=3), "count": 3},
+        "weights": FakeValueReference(np.arange(5.0)),
     }
     async with TensorBoardReleaseManager(tmp_path) as manager:
         await manager.release(value, 4)
@@ -273,15 +263,12 @@ async def test_value_references_are_materialized(tmp_path):
 
 
 async def test_failing_reference_raises_and_writes_nothing(tmp_path):
-    class Failing:
-        async def get_value(self) -> Any:
-            await anyio.sleep(0)
-            raise OSError("disk full")
-
     async with TensorBoardReleaseManager(tmp_path) as manager:
         await manager.release({"loss": 1.0}, 1)
         with pytest.raises(OSError, match="disk full"):
-            await manager.release({"loss": Failing(), "other": 5.0}, 2)
+            await manager.release(
+                {"loss": FakeValueReference(error=OSError("disk full")), "other": 5.0}, 2
+            )
     assert _scalars(tmp_path) == {"loss": [(1, 1.0)]}
 
 
@@ -346,7 +333,9 @@ async def test_purge_step_is_the_key_of_the_first_call(tmp_path):
             await before_crash.release({"loss": float(step)}, step)
     async with TensorBoardReleaseManager(tmp_path) as resumed, anyio.create_task_group() as group:
         # The first call materializes last: it must still be written first and set the purge.
-        await group.start(_release_in_call_order, resumed, {"loss": Later(106.0, delay=20)}, 6)
+        await group.start(
+            _release_in_call_order, resumed, {"loss": FakeValueReference(106.0, delay=20)}, 6
+        )
         await group.start(_release_in_call_order, resumed, {"loss": 107.0}, 7)
     assert _scalars(tmp_path)["loss"] == [
         *[(step, float(step)) for step in range(1, 6)],
@@ -358,7 +347,7 @@ async def test_purge_step_is_the_key_of_the_first_call(tmp_path):
 async def test_concurrent_releases_are_written_in_call_order(tmp_path):
     async with TensorBoardReleaseManager(tmp_path) as manager, anyio.create_task_group() as group:
         for step in range(1, 9):
-            value = {"loss": Later(float(step), delay=20 * (9 - step))}
+            value = {"loss": FakeValueReference(float(step), delay=20 * (9 - step))}
             await group.start(_release_in_call_order, manager, value, step)
     assert _scalars(tmp_path)["loss"] == [(step, float(step)) for step in range(1, 9)]
 

@@ -12,31 +12,10 @@ import pytest
 
 from managers import ValueReference, materialize
 from managers.structure import leaves
+from managers.testing import FakeValueReference
 from managers.values import is_value_reference
 
 pytestmark = pytest.mark.anyio
-
-
-class Later:
-    """A value reference that yields to the scheduler before returning its value."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        self.calls = 0
-
-    async def get_value(self) -> Any:
-        self.calls += 1
-        await anyio.sleep(0)
-        return self.value
-
-
-class Failing:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    async def get_value(self) -> Any:
-        await anyio.sleep(0)
-        raise self.error
 
 
 class Point(NamedTuple):
@@ -51,13 +30,13 @@ class Metrics:
 
 
 async def test_value_reference_protocol_isinstance():
-    assert isinstance(Later(1), ValueReference)
+    assert isinstance(FakeValueReference(1), ValueReference)
     assert not isinstance(1, ValueReference)
     assert not isinstance({"get_value": 1}, ValueReference)
 
 
 async def test_is_value_reference():
-    assert is_value_reference(Later(1))
+    assert is_value_reference(FakeValueReference(1))
     assert not is_value_reference(0.5)
 
     class NotCallable:
@@ -77,12 +56,12 @@ async def test_materialize_leaf_without_reference_returns_it():
 
 
 async def test_materialize_root_reference():
-    assert await materialize(Later(42)) == 42
+    assert await materialize(FakeValueReference(42)) == 42
 
 
 async def test_materialize_resolves_every_reference():
-    references = [Later(i) for i in range(5)]
-    structure = {"round": 3, "values": references, "nested": {"loss": Later(0.25)}}
+    references = [FakeValueReference(i) for i in range(5)]
+    structure = {"round": 3, "values": references, "nested": {"loss": FakeValueReference(0.25)}}
     result = await materialize(structure)
     assert result == {"round": 3, "values": [0, 1, 2, 3, 4], "nested": {"loss": 0.25}}
     assert all(reference.calls == 1 for reference in references)
@@ -93,9 +72,9 @@ async def test_materialize_resolves_every_reference():
 
 async def test_materialize_preserves_container_types_and_order():
     structure = {
-        "b": Point(Later(1), 2),
-        "a": Metrics(loss=Later(0.5), accuracy=0.75),
-        "t": (Later("x"), [Later("y")]),
+        "b": Point(FakeValueReference(1), 2),
+        "a": Metrics(loss=FakeValueReference(0.5), accuracy=0.75),
+        "t": (FakeValueReference("x"), [FakeValueReference("y")]),
     }
     result = await materialize(structure)
     assert list(result) == ["b", "a", "t"]
@@ -110,11 +89,11 @@ async def test_materialize_preserves_container_types_and_order():
 @pytest.mark.parametrize(
     "structure",
     [
-        Point(Later(1), 2),
-        Metrics(loss=Later(0.5), accuracy=0.75),
-        {"nested": [(Metrics(loss=0.1, accuracy=Later(0.2)),)]},
-        OrderedDict([("x", Later("value"))]),
-        {"p": Point(1, Point(2, Later(3)))},
+        Point(FakeValueReference(1), 2),
+        Metrics(loss=FakeValueReference(0.5), accuracy=0.75),
+        {"nested": [(Metrics(loss=0.1, accuracy=FakeValueReference(0.2)),)]},
+        OrderedDict([("x", FakeValueReference("value"))]),
+        {"p": Point(1, Point(2, FakeValueReference(3)))},
     ],
     ids=["namedtuple", "dataclass", "nested-dataclass", "ordered-dict", "nested-namedtuple"],
 )
@@ -122,18 +101,22 @@ async def test_materialize_finds_references_only_inside_typed_containers(structu
     result = await materialize(structure)
     assert result is not structure
     assert type(result) is type(structure)
-    assert not any(isinstance(leaf, Later) for leaf in leaves(result))
+    assert not any(isinstance(leaf, FakeValueReference) for leaf in leaves(result))
 
 
 async def test_materialize_typed_containers_values():
-    assert await materialize(Point(Later(1), 2)) == Point(1, 2)
-    assert await materialize(OrderedDict([("x", Later("v"))])) == OrderedDict([("x", "v")])
-    assert await materialize({"p": Point(1, Point(2, Later(3)))}) == {"p": Point(1, Point(2, 3))}
+    assert await materialize(Point(FakeValueReference(1), 2)) == Point(1, 2)
+    assert await materialize(OrderedDict([("x", FakeValueReference("v"))])) == OrderedDict(
+        [("x", "v")]
+    )
+    assert await materialize({"p": Point(1, Point(2, FakeValueReference(3)))}) == {
+        "p": Point(1, Point(2, 3))
+    }
 
 
 async def test_materialize_reference_to_numpy_array():
     array = np.arange(4)
-    result = await materialize({"w": Later(array), "n": 1})
+    result = await materialize({"w": FakeValueReference(array), "n": 1})
     assert result["w"] is array
     assert result["n"] == 1
 
@@ -163,20 +146,16 @@ async def test_materialize_awaits_references_concurrently():
 
 async def test_single_failing_reference_raises_its_exception():
     with pytest.raises(KeyError, match="missing"):
-        await materialize({"a": Failing(KeyError("missing")), "b": 1})
+        await materialize({"a": FakeValueReference(error=KeyError("missing")), "b": 1})
 
 
 async def test_one_of_several_failing_references_raises_unwrapped():
-    blocked = Later(None)
-
-    class Forever:
-        async def get_value(self) -> Any:
-            await anyio.sleep_forever()
-
+    blocked = FakeValueReference(None)
+    forever = FakeValueReference(gate=anyio.Event())  # its gate is never set
     error = ValueError("boom")
-    # fail_after is a hang guard: the failure must cancel Forever, else this would hang.
+    # fail_after is a hang guard: the failure must cancel forever, else this would hang.
     with anyio.fail_after(5), pytest.raises(ValueError, match="boom") as info:
-        await materialize({"ok": blocked, "bad": Failing(error), "slow": Forever()})
+        await materialize({"ok": blocked, "bad": FakeValueReference(error=error), "slow": forever})
     assert info.value is error
     assert not isinstance(info.value, BaseExceptionGroup)
 

@@ -12,6 +12,7 @@ import pytest
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager, ReleaseManager
 from managers.state.file import FileProgramStateManager
+from managers.testing import FakeValueReference
 from programlogic import (
     InMemoryDataSource,
     LearningProcessOutput,
@@ -435,20 +436,12 @@ async def test_next_must_return_a_learning_process_output() -> None:
         await Run().train(train_process=Wrong())
 
 
-class Later:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    async def get_value(self) -> Any:
-        await anyio.sleep(0)
-        return self.value
-
-
 async def test_value_references_in_metrics_are_materialized_before_saving() -> None:
     class Referencing(FakeLearningProcess):
         async def next(self, state, clients):
             output = await super().next(state, clients)
-            return LearningProcessOutput(output.state, {"loss": Later(state["rounds"] + 0.5)})
+            loss = FakeValueReference(state["rounds"] + 0.5)
+            return LearningProcessOutput(output.state, {"loss": loss})
 
     run = Run()
     await run.train(train_process=Referencing())

@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 from managers.release.base import ReleaseKey, ReleaseManager
+from managers.testing import FakeValueReference
 from programlogic.testing.contracts._base import Contract
 
 __all__ = ["Capabilities", "ReleaseManagerContract", "ReleaseSubject"]
@@ -80,41 +81,8 @@ class ReleaseSubject(NamedTuple):
     when the storage does not outlive its manager (memory, logs)."""
 
 
-class _Later:
-    """A value reference whose value is ready after ``delay`` scheduling points."""
-
-    def __init__(self, value: Any, delay: int = 1) -> None:
-        self.value = value
-        self.delay = delay
-
-    async def get_value(self) -> Any:
-        for _ in range(self.delay):
-            await anyio.lowlevel.checkpoint()
-        return self.value
-
-
-class _Gated:
-    """A value reference whose value is ready once ``gate`` is set."""
-
-    def __init__(self, gate: anyio.Event, value: Any) -> None:
-        self.gate = gate
-        self.value = value
-
-    async def get_value(self) -> Any:
-        await self.gate.wait()
-        return self.value
-
-
 class _DiskFull(OSError):
-    """What :class:`_Failing` raises."""
-
-
-class _Failing:
-    """A value reference whose materialization fails with :class:`_DiskFull`."""
-
-    async def get_value(self) -> Any:
-        await anyio.lowlevel.checkpoint()
-        raise _DiskFull("disk full")
+    """What a failing value reference raises."""
 
 
 class _Metrics(NamedTuple):
@@ -167,13 +135,13 @@ class ReleaseManagerContract(Contract):
     ) -> None:
         await manager.release(
             {
-                "loss": _Later(0.25),
-                "nested": {"accuracy": _Later(0.75), "count": 3},
-                "ids": [_Later(1)],
+                "loss": FakeValueReference(0.25),
+                "nested": {"accuracy": FakeValueReference(0.75), "count": 3},
+                "ids": [FakeValueReference(1)],
             },
             4,
         )
-        await manager.release(_Later(0.5, delay=3), 100)
+        await manager.release(FakeValueReference(0.5, delay=3), 100)
         await _holds(
             subject,
             {4: {"loss": 0.25, "nested": {"accuracy": 0.75, "count": 3}, "ids": [1]}, 100: 0.5},
@@ -183,8 +151,8 @@ class ReleaseManagerContract(Contract):
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
         value = {
-            "metrics": _Metrics(loss=_Later(0.5), accuracy=0.25),
-            "summary": _Summary(_Later(3)),
+            "metrics": _Metrics(loss=FakeValueReference(0.5), accuracy=0.25),
+            "summary": _Summary(FakeValueReference(3)),
         }
         await manager.release(value, 1)
         expected = {"metrics": _Metrics(loss=0.5, accuracy=0.25), "summary": _Summary(rounds=3)}
@@ -193,7 +161,10 @@ class ReleaseManagerContract(Contract):
     async def test_arrays_are_held_or_refused_naming_their_path(
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
-        value = {"weights": _Later(np.arange(3.0)), "bias": np.ones(2, dtype=np.float32)}
+        value = {
+            "weights": FakeValueReference(np.arange(3.0)),
+            "bias": np.ones(2, dtype=np.float32),
+        }
         if not subject.capabilities.arrays:
             with pytest.raises(TypeError, match=r"'weights'.* array of shape \(3,\)"):
                 await manager.release(value, 1)
@@ -284,9 +255,11 @@ class ReleaseManagerContract(Contract):
         _needs_idempotency(subject)
         gate = anyio.Event()
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.release, {"loss": _Gated(gate, 0.25)}, 1)
+            group.start_soon(
+                manager.release, {"loss": FakeValueReference(0.25, gate=gate, delay=0)}, 1
+            )
             await anyio.wait_all_tasks_blocked()
-            group.start_soon(manager.release, {"loss": _Later(0.75)}, 1)
+            group.start_soon(manager.release, {"loss": FakeValueReference(0.75)}, 1)
             await anyio.wait_all_tasks_blocked()
             gate.set()
         await _holds(subject, {1: {"loss": 0.75}})
@@ -298,9 +271,11 @@ class ReleaseManagerContract(Contract):
     ) -> None:
         await manager.release({"loss": 1.0}, 1)
         with pytest.raises(_DiskFull, match="disk full"):
-            await manager.release({"loss": _Failing()}, 2)
+            await manager.release({"loss": FakeValueReference(error=_DiskFull("disk full"))}, 2)
         with pytest.raises(_DiskFull, match="disk full"):
-            await manager.release({"loss": _Failing(), "accuracy": 0.5}, 1)
+            await manager.release(
+                {"loss": FakeValueReference(error=_DiskFull("disk full")), "accuracy": 0.5}, 1
+            )
         await _holds(subject, {1: {"loss": 1.0}})
 
     async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
@@ -311,11 +286,13 @@ class ReleaseManagerContract(Contract):
 
         async def release_failing() -> None:
             with pytest.raises(_DiskFull) as raised:
-                await manager.release({"loss": _Failing()}, 1)
+                await manager.release({"loss": FakeValueReference(error=_DiskFull("disk full"))}, 1)
             failures.append(raised.value)
 
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.release, {"loss": _Gated(gate, 0.25)}, 1)
+            group.start_soon(
+                manager.release, {"loss": FakeValueReference(0.25, gate=gate, delay=0)}, 1
+            )
             await anyio.wait_all_tasks_blocked()
             group.start_soon(release_failing)
             await anyio.wait_all_tasks_blocked()
@@ -332,10 +309,12 @@ class ReleaseManagerContract(Contract):
         str_keys = [f"s{key}" for key in range(count)] if subject.capabilities.str_keys else []
         async with anyio.create_task_group() as group:
             for key in range(count):
-                value = {"round": _Later(key, delay=(key * 7) % 5), "half": key / 2}
+                value = {"round": FakeValueReference(key, delay=(key * 7) % 5), "half": key / 2}
                 group.start_soon(manager.release, value, key)
             for index, key in enumerate(str_keys):
-                group.start_soon(manager.release, {"index": _Later(index, delay=index % 3)}, key)
+                group.start_soon(
+                    manager.release, {"index": FakeValueReference(index, delay=index % 3)}, key
+                )
         expected: dict[ReleaseKey, Any] = {
             key: {"round": key, "half": key / 2} for key in range(count)
         }
@@ -350,7 +329,9 @@ class ReleaseManagerContract(Contract):
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as group:
                     group.start_soon(_cancel_after, scope, key - 1)
-                    await manager.release({"loss": _Later(key / 4, delay=2), "round": key}, key)
+                    await manager.release(
+                        {"loss": FakeValueReference(key / 4, delay=2), "round": key}, key
+                    )
         held = await _read_back(subject)
         assert 0 in held
         assert set(held) <= set(range(16))
