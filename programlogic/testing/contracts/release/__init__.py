@@ -35,6 +35,7 @@ from programlogic.testing.contracts.release._closing import ClosingTests
 from programlogic.testing.contracts.release._failures import FailureTests
 from programlogic.testing.contracts.release._keys import KeyTests
 from programlogic.testing.contracts.release._support import Capabilities, ReleaseSubject
+from programlogic.testing.contracts.release._support import ReadBack as ReadBack
 from programlogic.testing.contracts.release._values import ValueTests
 
 __all__ = ["Capabilities", "ReleaseManagerContract", "ReleaseSubject"]
