@@ -21,7 +21,8 @@ from pkgutil import iter_modules
 
 import pytest
 
-# Every suite's asserts explain their failures as a test module's do.
+# Every suite's asserts explain their failures as a test module's do (a suite that is a
+# package is registered by its name, which covers the modules in it).
 pytest.register_assert_rewrite(*(f"{__name__}.{module.name}" for module in iter_modules(__path__)))
 
 from programlogic.testing.contracts._base import Contract  # noqa: E402

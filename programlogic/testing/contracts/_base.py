@@ -1,10 +1,12 @@
-"""The base every contract suite builds on: each test runs under asyncio and trio."""
+"""What every contract suite builds on: each test runs under asyncio and trio."""
 
 from __future__ import annotations
 
+import anyio
+import anyio.lowlevel
 import pytest
 
-__all__ = ["Contract"]
+__all__ = ["Contract", "cancel_after"]
 
 
 @pytest.mark.anyio
@@ -22,3 +24,10 @@ class Contract:
     def anyio_backend(self, request: pytest.FixtureRequest) -> str:
         """The async backend the test runs on."""
         return request.param
+
+
+async def cancel_after(scope: anyio.CancelScope, checkpoints: int) -> None:
+    """Cancel ``scope`` once this task has passed ``checkpoints`` scheduling points."""
+    for _ in range(checkpoints):
+        await anyio.lowlevel.checkpoint()
+    scope.cancel()

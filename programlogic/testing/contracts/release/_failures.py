@@ -1,0 +1,91 @@
+"""Tests of the release suite: failed, concurrent and cancelled releases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from managers.release.base import ReleaseKey, ReleaseManager
+from programlogic.testing.contracts._base import cancel_after
+from programlogic.testing.contracts.release._support import (
+    DiskFull,
+    Failing,
+    Gated,
+    Later,
+    ReleaseSubject,
+    held_by,
+    holds,
+)
+
+__all__ = ["FailureTests"]
+
+
+class FailureTests:
+    """What the storage holds after releases that fail, overlap or are cancelled."""
+
+    # Failures
+
+    async def test_a_failed_release_raises_its_error_and_leaves_what_keys_held(
+        self, subject: ReleaseSubject, manager: ReleaseManager
+    ) -> None:
+        await manager.release({"loss": 1.0}, 1)
+        with pytest.raises(DiskFull, match="disk full"):
+            await manager.release({"loss": Failing()}, 2)
+        with pytest.raises(DiskFull, match="disk full"):
+            await manager.release({"loss": Failing(), "accuracy": 0.5}, 1)
+        await holds(subject, {1: {"loss": 1.0}})
+
+    async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
+        self, subject: ReleaseSubject, manager: ReleaseManager
+    ) -> None:
+        gate = anyio.Event()
+        failures: list[BaseException] = []
+
+        async def release_failing() -> None:
+            with pytest.raises(DiskFull) as raised:
+                await manager.release({"loss": Failing()}, 1)
+            failures.append(raised.value)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(manager.release, {"loss": Gated(gate, 0.25)}, 1)
+            await anyio.wait_all_tasks_blocked()
+            group.start_soon(release_failing)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        assert len(failures) == 1
+        await holds(subject, {1: {"loss": 0.25}})
+
+    # Concurrency and cancellation
+
+    async def test_concurrent_releases_of_different_keys_all_land(
+        self, subject: ReleaseSubject, manager: ReleaseManager
+    ) -> None:
+        count = 40
+        str_keys = [f"s{key}" for key in range(count)] if subject.capabilities.str_keys else []
+        async with anyio.create_task_group() as group:
+            for key in range(count):
+                value = {"round": Later(key, delay=(key * 7) % 5), "half": key / 2}
+                group.start_soon(manager.release, value, key)
+            for index, key in enumerate(str_keys):
+                group.start_soon(manager.release, {"index": Later(index, delay=index % 3)}, key)
+        expected: dict[ReleaseKey, Any] = {
+            key: {"round": key, "half": key / 2} for key in range(count)
+        }
+        expected.update({key: {"index": index} for index, key in enumerate(str_keys)})
+        await holds(subject, expected)
+
+    async def test_a_cancelled_release_leaves_the_whole_value_or_none_of_it(
+        self, subject: ReleaseSubject, manager: ReleaseManager
+    ) -> None:
+        await manager.release({"loss": 0.0, "round": 0}, 0)
+        for key in range(1, 16):  # cancelled after 0, 1, ... scheduling points
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(cancel_after, scope, key - 1)
+                    await manager.release({"loss": Later(key / 4, delay=2), "round": key}, key)
+        held = await held_by(subject)
+        assert 0 in held
+        assert set(held) <= set(range(16))
+        await holds(subject, {key: {"loss": key / 4, "round": key} for key in held})

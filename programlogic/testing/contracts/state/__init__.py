@@ -1,0 +1,64 @@
+"""The contract suite of program-state managers: versioning, round-trips, errors, closing.
+
+Subclass :class:`ProgramStateManagerContract` in a test file of yours and override its
+``state_manager_factory`` fixture::
+
+    import pytest
+
+    from programlogic.testing.contracts import ProgramStateManagerContract
+
+
+    class TestMyStateManager(ProgramStateManagerContract):
+        @pytest.fixture
+        def state_manager_factory(self, tmp_path):
+            return lambda: MyStateManager(tmp_path / "state")
+
+Every test of the suite then runs against your manager under asyncio and trio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from managers.state.base import ProgramStateManager
+from programlogic.testing.contracts._base import Contract
+from programlogic.testing.contracts.state._lifecycle import LifecycleTests
+from programlogic.testing.contracts.state._round_trips import RoundTripTests
+from programlogic.testing.contracts.state._support import StateManagerFactory
+from programlogic.testing.contracts.state._versions import VersionTests
+
+__all__ = ["ProgramStateManagerContract"]
+
+
+# pytest runs the tests of the last base first: round-trips, versions, lifecycle.
+class ProgramStateManagerContract(LifecycleTests, VersionTests, RoundTripTests, Contract):
+    """The promises every :class:`~managers.ProgramStateManager` keeps.
+
+    Override :meth:`state_manager_factory` to return a zero-argument callable that makes
+    a manager; the first one it makes in a test holds no version (for a manager on
+    disk: make each on one directory under the test's ``tmp_path``). The suite closes
+    each manager it makes before it makes the next. Set :attr:`persistent` when later
+    managers see what earlier ones saved, as a restarted program's does. Tests are named
+    after the promise they check; one that your manager cannot keep can be overridden
+    in your subclass, marked ``pytest.mark.xfail(strict=True, reason=...)``.
+    """
+
+    persistent: bool = False
+    """Whether a manager the factory makes sees the versions that earlier ones saved."""
+
+    @pytest.fixture
+    def state_manager_factory(self) -> StateManagerFactory:
+        """A callable making a new, empty manager; override it in your subclass."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must override the state_manager_factory fixture"
+        )
+
+    @pytest.fixture
+    async def manager(
+        self, state_manager_factory: StateManagerFactory
+    ) -> AsyncIterator[ProgramStateManager]:
+        """A new manager, open for the test and closed after it."""
+        async with state_manager_factory() as created:
+            yield created
