@@ -47,8 +47,8 @@ import sniffio
 
 from managers.validation import check_int, check_number, check_str, check_timedelta, check_type
 from programlogic.context import ClientFn, GroupFn, report_dropped_clients
-from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
+from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
 from programlogic.data import TableBackedLoader, TableLoader
 from programlogic.exceptions import (

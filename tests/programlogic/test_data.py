@@ -210,7 +210,7 @@ async def test_a_loader_of_ones_own_table_is_table_backed() -> None:
 
 async def test_sources_that_list_every_client_are_all_clients_data_sources() -> None:
     class SamplingOnly:
-        client_ids = ["a"]
+        client_ids = ("a",)
 
         def iterator(self, seed: int):
             return make_source().iterator(seed)

@@ -14,8 +14,8 @@ import tensorflow_federated as tff
 
 from managers.validation import check_int
 from programlogic.context import ClientFn, GroupFn
-from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts.local import LocalContext
+from programlogic.contexts.streaming import StreamingContext
 
 if TYPE_CHECKING:
     from programlogic.data import ClientHandle
