@@ -17,13 +17,17 @@ from programlogic.context import (
 )
 from programlogic.contexts.local import LocalContext
 from programlogic.data import (
+    AllClientsDataSource,
     ClientHandle,
     ClientSampler,
+    ClientTable,
     FederatedDataSource,
     FederatedDataSourceIterator,
     HandleDataSource,
     InMemoryDataSource,
     Sampling,
+    TableBackedLoader,
+    TableLoader,
 )
 from programlogic.evaluation import EvaluationManager, evaluate_once, evaluation_seed
 from programlogic.exceptions import (
@@ -53,10 +57,12 @@ from programlogic.training import (
 )
 
 __all__ = [
+    "AllClientsDataSource",
     "AnyOf",
     "ClientError",
     "ClientHandle",
     "ClientSampler",
+    "ClientTable",
     "Clock",
     "ClusterConnectionError",
     "DroppedClients",
@@ -81,6 +87,8 @@ __all__ = [
     "StopReason",
     "StoppingPolicy",
     "SystemClock",
+    "TableBackedLoader",
+    "TableLoader",
     "TaskTracker",
     "TrackedTask",
     "TrainingResult",

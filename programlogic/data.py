@@ -28,13 +28,17 @@ from managers.validation import (
 )
 
 __all__ = [
+    "AllClientsDataSource",
     "ClientHandle",
     "ClientSampler",
+    "ClientTable",
     "FederatedDataSource",
     "FederatedDataSourceIterator",
     "HandleDataSource",
     "InMemoryDataSource",
     "Sampling",
+    "TableBackedLoader",
+    "TableLoader",
 ]
 
 
@@ -123,6 +127,15 @@ class FederatedDataSource(Protocol):
 
     def iterator(self, seed: int) -> FederatedDataSourceIterator:
         """A sampler of clients seeded with ``seed`` (an int >= 0)."""
+        ...
+
+
+@runtime_checkable
+class AllClientsDataSource(FederatedDataSource, Protocol):
+    """A data source that can also list every client (what ``evaluate_once`` evaluates on)."""
+
+    def all_clients(self) -> list[ClientHandle]:
+        """A handle for every client, sorted by id."""
         ...
 
 
@@ -263,8 +276,37 @@ class ClientTable:
         self.data, self.key = state
 
 
+@runtime_checkable
+class TableBackedLoader(Protocol):
+    """A loader that reads one client's data from a table many loaders share.
+
+    What a loader may offer a remote backend: instead of pickling the table with every
+    client of a round, the backend ships ``table`` once per ``table.key`` (a string
+    that names the table in every process) and loads the client's data on the worker as
+    ``table.data[client_id]``, which must equal what calling the loader returns.
+    :class:`TableLoader` is the implementation; ``RayContext`` ships tables this way.
+    """
+
+    @property
+    def table(self) -> ClientTable:
+        """The table holding the data of this loader's client."""
+        ...
+
+    @property
+    def client_id(self) -> str:
+        """The client whose data this loader loads from ``table``."""
+        ...
+
+    def __call__(self) -> Any:
+        """The client's data."""
+        ...
+
+
 class TableLoader:
-    """Loads one client's data from a :class:`ClientTable` (picklable with the table)."""
+    """Loads one client's data from a :class:`ClientTable` (picklable with the table).
+
+    A :class:`TableBackedLoader`: remote backends ship its table once.
+    """
 
     __slots__ = ("client_id", "table")
 

@@ -24,7 +24,7 @@ from managers.validation import (
 from managers.values import materialize
 from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
-from programlogic.data import ClientHandle, FederatedDataSource
+from programlogic.data import AllClientsDataSource, ClientHandle, FederatedDataSource
 from programlogic.process import LearningProcess, as_async
 from programlogic.tasks import TrackedTask
 
@@ -337,22 +337,22 @@ class EvaluationManager:
 async def evaluate_once(
     process: LearningProcess,
     model_weights: Any,
-    clients: Sequence[ClientHandle] | FederatedDataSource,
+    clients: Sequence[ClientHandle] | AllClientsDataSource,
 ) -> Any:
     """The metrics of one evaluation round of ``model_weights`` on all of ``clients``.
 
-    ``clients`` is a list of client handles, or a data source whose clients are all
+    ``clients`` is a list of client handles, or a data source with ``all_clients()``
+    (an :class:`~programlogic.data.AllClientsDataSource`) whose clients are all
     used (sorted by id). For the common case that needs no forking, no deadline and no
     state: a held-out federated test set evaluated once.
     """
     if not isinstance(clients, Sequence):
-        all_clients = getattr(clients, "all_clients", None)
-        if not callable(all_clients):
+        if not isinstance(clients, AllClientsDataSource):
             raise TypeError(
                 "clients must be a sequence of ClientHandle or a data source with "
                 f"all_clients(), got {describe(clients)}"
             )
-        clients = all_clients()
+        clients = clients.all_clients()
     initial = await as_async(process.initialize)()
     state = await as_async(process.set_model_weights)(initial, model_weights)
     output = await as_async(process.next)(state, sorted(clients))

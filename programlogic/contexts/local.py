@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from managers.validation import check_int
 from programlogic.context import ClientFn, GroupFn
-from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
-from programlogic.contexts._units import check_group_size, compute_unit, split_units
+from programlogic.contexts.streaming import StreamingContext
+from programlogic.contexts.units import check_group_size, compute_unit, split_units
 from programlogic.tasks import task_group
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class LocalContext(StreamingContext):
             raise RuntimeError("LocalContext is not entered: use `async with LocalContext():`")
         return self._workers
 
-    async def _stream(
+    async def stream_units(
         self,
         fn: ClientFn | GroupFn,
         broadcast: Any,

@@ -47,10 +47,10 @@ import sniffio
 
 from managers.validation import check_int, check_number, check_str, check_timedelta, check_type
 from programlogic.context import ClientFn, GroupFn, report_dropped_clients
-from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts._threads import WorkerThreads
-from programlogic.contexts._units import check_group_size, compute_unit, split_units
-from programlogic.data import TableLoader
+from programlogic.contexts.streaming import StreamingContext
+from programlogic.contexts.units import check_group_size, compute_unit, split_units
+from programlogic.data import TableBackedLoader, TableLoader
 from programlogic.exceptions import (
     ClientError,
     ClusterConnectionError,
@@ -411,7 +411,7 @@ class RayContext(StreamingContext):
 
     def _ship_loader(self, client: ClientHandle) -> tuple[Any, ...]:
         loader = client.loader
-        if isinstance(loader, TableLoader):
+        if isinstance(loader, TableBackedLoader):
             table = loader.table
             shipped = self._tables.get(table.key)
             if shipped is None:
@@ -419,7 +419,7 @@ class RayContext(StreamingContext):
             return ("table", table.key, [shipped[1]], loader.client_id)
         return ("loader", loader)
 
-    async def _stream(
+    async def stream_units(
         self,
         fn: ClientFn | GroupFn,
         broadcast: Any,

@@ -2,7 +2,15 @@ import pickle
 
 import pytest
 
-from programlogic import ClientHandle, InMemoryDataSource, Sampling
+from programlogic import (
+    AllClientsDataSource,
+    ClientHandle,
+    ClientTable,
+    FederatedDataSource,
+    InMemoryDataSource,
+    Sampling,
+    TableBackedLoader,
+)
 from programlogic.testing import FakeDataSource
 
 pytestmark = pytest.mark.anyio
@@ -176,3 +184,38 @@ async def test_an_in_memory_handle_pickles_with_its_data() -> None:
     assert [copy.load() for copy in copies] == [[0], [1], [2], [3]]
     # The handles of one pickle share one copy of the table.
     assert len({id(copy.loader.table) for copy in copies}) == 1
+
+
+async def test_in_memory_loaders_offer_their_shared_table_to_remote_backends() -> None:
+    handles = make_source(3).all_clients()
+    loaders = [handle.loader for handle in handles]
+    assert all(isinstance(loader, TableBackedLoader) for loader in loaders)
+    assert len({loader.table.key for loader in loaders}) == 1
+    for handle, loader in zip(handles, loaders, strict=True):
+        assert loader.table.data[loader.client_id] == handle.load()
+    assert not isinstance(ClientHandle("plain", list).loader, TableBackedLoader)
+
+
+async def test_a_loader_of_ones_own_table_is_table_backed() -> None:
+    class RowLoader:
+        def __init__(self, table: ClientTable, client_id: str) -> None:
+            self.table, self.client_id = table, client_id
+
+        def __call__(self) -> list[int]:
+            return self.table.data[self.client_id]
+
+    table = ClientTable({"a": [1], "b": [2]})
+    assert isinstance(RowLoader(table, "b"), TableBackedLoader)
+
+
+async def test_sources_that_list_every_client_are_all_clients_data_sources() -> None:
+    class SamplingOnly:
+        client_ids = ("a",)
+
+        def iterator(self, seed: int):
+            return make_source().iterator(seed)
+
+    assert isinstance(make_source(), AllClientsDataSource)
+    assert isinstance(FakeDataSource(3), AllClientsDataSource)
+    assert isinstance(SamplingOnly(), FederatedDataSource)
+    assert not isinstance(SamplingOnly(), AllClientsDataSource)

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize(
-    "module", [programlogic, managers, programlogic.testing, programlogic.tasks]
+    "module",
+    [programlogic, managers, programlogic.testing, programlogic.tasks, programlogic.contexts],
 )
 async def test_all_is_sorted_and_every_name_resolves(module) -> None:
     assert module.__all__ == sorted(module.__all__)

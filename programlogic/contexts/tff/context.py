@@ -14,8 +14,8 @@ import tensorflow_federated as tff
 
 from managers.validation import check_int
 from programlogic.context import ClientFn, GroupFn
-from programlogic.contexts._streaming import StreamingContext
 from programlogic.contexts.local import LocalContext
+from programlogic.contexts.streaming import StreamingContext
 
 if TYPE_CHECKING:
     from programlogic.data import ClientHandle
@@ -91,7 +91,7 @@ class TFFContext(StreamingContext):
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
         return await self._require_thread().run(fn, *args)
 
-    async def _stream(
+    async def stream_units(
         self,
         fn: ClientFn | GroupFn,
         broadcast: Any,
@@ -99,7 +99,7 @@ class TFFContext(StreamingContext):
         group_size: int | None,
         consume: Callable[[Any], None],
     ) -> None:
-        await self._require_thread()._stream(fn, broadcast, clients, group_size, consume)
+        await self._require_thread().stream_units(fn, broadcast, clients, group_size, consume)
 
     def _require_thread(self) -> LocalContext:
         if self._thread is None:

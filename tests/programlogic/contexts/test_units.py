@@ -1,7 +1,7 @@
 import pytest
 
 from programlogic import ClientError, ClientHandle
-from programlogic.contexts._units import check_group_size, compute_unit, split_units
+from programlogic.contexts.units import check_group_size, compute_unit, split_units
 
 pytestmark = pytest.mark.anyio
 

@@ -1,8 +1,10 @@
-"""The units of work of a round: how every backend splits a round's clients.
+"""The units of work of a round: how every backend splits and computes a round's clients.
 
-Backends that split clients identically compute identical groups, so a vectorized group
-function (FedAvg's) gives the same bits on every backend, and results folded in unit
-order add up in the same order.
+A backend's :meth:`~programlogic.contexts.streaming.StreamingContext.stream_units` cuts
+the clients with :func:`split_units` and computes each unit with :func:`compute_unit`
+where its work runs. Backends that split clients identically compute identical groups,
+so a vectorized group function (FedAvg's) gives the same bits on every backend, and
+results folded in unit order add up in the same order.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ def compute_unit(
 ) -> list[Any]:
     """The results of one unit: its clients' data loaded by ``load`` and passed to ``fn``.
 
-    ``load`` holds a zero-argument callable per client. Work that raises, or a group
-    function that returns the wrong number of results, raises :class:`ClientError`.
+    ``load`` holds a zero-argument callable per client (its handle's ``loader``);
+    ``grouped`` says whether ``fn`` is a group function (the caller gave a
+    ``group_size``). A loader or work that raises, or a group function that returns
+    the wrong number of results, raises :class:`ClientError`. A module-level function
+    of picklable arguments: a backend may run it in another process.
     """
     ids = list(client_ids)
     try:
