@@ -6,7 +6,7 @@ release managers (:mod:`managers`, also importable as ``programlogic.managers``)
 ``run`` starts a program from synchronous code, notebooks included.
 """
 
-from programlogic.clock import Clock, SystemClock
+from programlogic._deprecation import moved_names
 from programlogic.context import (
     DroppedClients,
     FederatedContext,
@@ -25,7 +25,7 @@ from programlogic.data import (
     InMemoryDataSource,
     Sampling,
 )
-from programlogic.evaluation import EvaluationManager, evaluate_once, evaluation_seed
+from programlogic.evaluation import EvaluationManager, evaluate_once
 from programlogic.exceptions import (
     ClientError,
     ClusterConnectionError,
@@ -34,7 +34,7 @@ from programlogic.exceptions import (
     ProgramLogicError,
     ResumeError,
 )
-from programlogic.process import LearningProcess, LearningProcessOutput, as_async
+from programlogic.process import LearningProcess, LearningProcessOutput
 from programlogic.runner import run
 from programlogic.stopping import (
     AnyOf,
@@ -57,7 +57,6 @@ __all__ = [
     "ClientError",
     "ClientHandle",
     "ClientSampler",
-    "Clock",
     "ClusterConnectionError",
     "DroppedClients",
     "EvaluationManager",
@@ -80,18 +79,25 @@ __all__ = [
     "SpeechTrainerStopping",
     "StopReason",
     "StoppingPolicy",
-    "SystemClock",
     "TaskTracker",
     "TrackedTask",
     "TrainingResult",
-    "as_async",
     "check_in_federated_context",
     "count_dropped_clients",
     "evaluate_once",
-    "evaluation_seed",
     "final_model_key",
     "get_context",
     "report_dropped_clients",
     "run",
     "train_model",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "Clock": "managers.clock.Clock",
+        "SystemClock": "managers.clock.SystemClock",
+        "as_async": "programlogic.process.as_async",
+        "evaluation_seed": "programlogic.evaluation.evaluation_seed",
+    },
+)
