@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 PATH_SEPARATOR = "/"
+"""What joins the keys of a path name: ``client_work/train/loss``."""
 
 
 def is_container(value: object) -> bool:

@@ -23,8 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from managers._taskgroups import task_group
 from managers.structure import is_container, leaves, unflatten
+from managers.taskgroups import task_group
 
 __all__ = ["ValueReference", "is_value_reference", "materialize"]
 

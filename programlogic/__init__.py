@@ -6,7 +6,7 @@ release managers (:mod:`managers`, also importable as ``programlogic.managers``)
 ``run`` starts a program from synchronous code, notebooks included.
 """
 
-from programlogic.clock import Clock, SystemClock
+from programlogic._deprecation import moved_names
 from programlogic.context import (
     DroppedClients,
     FederatedContext,
@@ -29,7 +29,7 @@ from programlogic.data import (
     TableBackedLoader,
     TableLoader,
 )
-from programlogic.evaluation import EvaluationManager, evaluate_once, evaluation_seed
+from programlogic.evaluation import EvaluationManager, evaluate_once
 from programlogic.exceptions import (
     ClientError,
     ClusterConnectionError,
@@ -38,7 +38,7 @@ from programlogic.exceptions import (
     ProgramLogicError,
     ResumeError,
 )
-from programlogic.process import LearningProcess, LearningProcessOutput, as_async
+from programlogic.process import LearningProcess, LearningProcessOutput
 from programlogic.runner import run
 from programlogic.stopping import (
     AnyOf,
@@ -63,7 +63,6 @@ __all__ = [
     "ClientHandle",
     "ClientSampler",
     "ClientTable",
-    "Clock",
     "ClusterConnectionError",
     "DroppedClients",
     "EvaluationManager",
@@ -86,20 +85,27 @@ __all__ = [
     "SpeechTrainerStopping",
     "StopReason",
     "StoppingPolicy",
-    "SystemClock",
     "TableBackedLoader",
     "TableLoader",
     "TaskTracker",
     "TrackedTask",
     "TrainingResult",
-    "as_async",
     "check_in_federated_context",
     "count_dropped_clients",
     "evaluate_once",
-    "evaluation_seed",
     "final_model_key",
     "get_context",
     "report_dropped_clients",
     "run",
     "train_model",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "Clock": "managers.clock.Clock",
+        "SystemClock": "managers.clock.SystemClock",
+        "as_async": "programlogic.process.as_async",
+        "evaluation_seed": "programlogic.evaluation.evaluation_seed",
+    },
+)

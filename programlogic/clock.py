@@ -1,8 +1,13 @@
-"""Clocks: where program logic reads the time, so tests can drive it.
+"""Deprecated: ``Clock`` and ``SystemClock`` are exported by :mod:`managers` (also
+``programlogic.managers``), from :mod:`managers.clock`.
 
-The same classes as :mod:`managers.clock`, under programlogic's name.
+``from programlogic.clock import Clock`` keeps working with a ``DeprecationWarning``.
 """
 
-from managers.clock import Clock, SystemClock
+from programlogic._deprecation import moved_names
 
-__all__ = ["Clock", "SystemClock"]
+__all__: list[str] = []
+
+__getattr__ = moved_names(
+    __name__, {"Clock": "managers.clock.Clock", "SystemClock": "managers.clock.SystemClock"}
+)

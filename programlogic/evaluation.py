@@ -12,6 +12,7 @@ from typing import Any, Self
 
 import anyio
 
+from managers.clock import Clock, SystemClock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.validation import (
@@ -22,13 +23,12 @@ from managers.validation import (
     describe,
 )
 from managers.values import materialize
-from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
 from programlogic.data import AllClientsDataSource, ClientHandle, FederatedDataSource
 from programlogic.process import LearningProcess, as_async
 from programlogic.tasks import TrackedTask
 
-__all__ = ["EvaluationManager", "evaluate_once", "evaluation_seed"]
+__all__ = ["EvaluationManager", "evaluate_once"]
 
 logger = logging.getLogger(__name__)
 

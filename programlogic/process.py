@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 from programlogic.context import get_context
 from programlogic.data import ClientHandle
 
-__all__ = ["LearningProcess", "LearningProcessOutput", "as_async"]
+__all__ = ["LearningProcess", "LearningProcessOutput"]
 
 
 class LearningProcessOutput(NamedTuple):

@@ -2,17 +2,23 @@
 
 Two shapes of ownership are used across programlogic:
 
-- :func:`task_group`: an anyio task group whose lone failure is raised as itself
-  (several failures as an ``ExceptionGroup``). A failing task cancels its siblings and
-  the owner at once. ``train_model`` runs its saves and releases in one, so a failed
-  save fails the run with that same exception.
+- :func:`task_group` (from :mod:`managers.taskgroups`): an anyio task group whose lone
+  failure is raised as itself (several failures as an ``ExceptionGroup``). A failing
+  task cancels its siblings and the owner at once. ``train_model`` runs its saves and
+  releases in one, so a failed save fails the run with that same exception.
 - :class:`TaskTracker`: an owner whose tasks fail independently. A failure is kept,
   not propagated at once, and raised by :meth:`TaskTracker.wait` or when the tracker
   closes. Federated contexts own one for work that outlives a call (forked
   evaluations): one failing evaluation does not cancel training or other evaluations.
 
-Cancellation: closing either owner cancels what is still running; cancellation is
-never swallowed.
+Closing the owners differs:
+
+- leaving a :func:`task_group` block normally waits for its tasks to finish; they are
+  cancelled only when a task or the block fails, or when the group's ``cancel_scope``
+  or an enclosing scope is cancelled. A cancellation from outside is raised again,
+  unless a task failed meanwhile: that failure is raised in its place;
+- leaving a :class:`TaskTracker` cancels the tasks still running, then raises the
+  failures nobody collected; a cancellation of the block is raised again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any, Self
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from managers._taskgroups import collapse, task_group
+from managers.taskgroups import collapse, task_group
 
 __all__ = ["TaskTracker", "TrackedTask", "collapse", "task_group"]
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from managers.clock import Clock, SystemClock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.validation import (
@@ -22,7 +23,6 @@ from managers.validation import (
     describe,
 )
 from managers.values import materialize
-from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
 from programlogic.data import FederatedDataSource
 from programlogic.exceptions import ResumeError

@@ -1,4 +1,4 @@
-"""The TFF backend kept to the contracts of the kit: TFFContext, TFFDataSource and
+"""The TFF backend kept to the contracts of the kit: TFFContext, FederatedDataSourceFromTFF and
 TFFLearningProcess run the same suites as the library's own implementations.
 
 Asyncio only, as every TFF test here: TFF's runtime runs on threads of its own,
@@ -20,8 +20,8 @@ from conftest import model_fn
 
 from programlogic import ClientHandle
 from programlogic.contexts.tff import (
+    FederatedDataSourceFromTFF,
     TFFContext,
-    TFFDataSource,
     TFFLearningProcess,
     build_tff_evaluation,
 )
@@ -62,27 +62,27 @@ class TestTFFDatasetDataSource(AsyncioOnly, DatasetContract):
     loaders_pickle = False  # a client's loader holds its tf.data.Dataset: TFFContext is local
 
     @pytest.fixture
-    def make_source(self) -> Callable[[], TFFDataSource]:
+    def make_source(self) -> Callable[[], FederatedDataSourceFromTFF]:
         datasets = numbered_datasets(6)
-        return lambda: TFFDataSource(tff.program.DatasetDataSource(datasets))
+        return lambda: FederatedDataSourceFromTFF(tff.program.DatasetDataSource(datasets))
 
 
 class TestTFFClientDataDataSource(AsyncioOnly, DatasetContract):
     loaders_pickle = False  # the loader is a method of TFF's ClientData
 
     @pytest.fixture
-    def make_source(self) -> Callable[[], TFFDataSource]:
+    def make_source(self) -> Callable[[], FederatedDataSourceFromTFF]:
         client_data = tff.simulation.datasets.TestClientData(
             {f"w{i}": collections.OrderedDict(x=np.full((2, 1), i, np.int32)) for i in range(5)}
         )
-        return lambda: TFFDataSource(client_data)
+        return lambda: FederatedDataSourceFromTFF(client_data)
 
 
 class TestTFFClientIdDataSource(AsyncioOnly, FederatedDataSourceContract):
     @pytest.fixture
-    def make_source(self) -> Callable[[], TFFDataSource]:
+    def make_source(self) -> Callable[[], FederatedDataSourceFromTFF]:
         arrays = {f"id{i}": np.arange(i + 1) for i in range(5)}
-        return lambda: TFFDataSource(
+        return lambda: FederatedDataSourceFromTFF(
             tff.program.ClientIdDataSource(list(arrays)), load=arrays.__getitem__
         )
 

@@ -16,8 +16,8 @@ from managers import MemoryProgramStateManager, MemoryReleaseManager
 from programlogic import InMemoryDataSource, LocalContext, ResumeError, Sampling, train_model
 from programlogic.contexts.tff import (
     FederatedDataSourceForTFF,
+    FederatedDataSourceFromTFF,
     TFFContext,
-    TFFDataSource,
     TFFLearningProcess,
     client_dataset_type,
 )
@@ -36,11 +36,11 @@ def contents(dataset: tf.data.Dataset) -> list[list[int]]:
 
 async def test_a_tff_dataset_source_is_sampled_by_seed_and_round() -> None:
     tff_source = tff.program.DatasetDataSource(numbered_datasets(12))
-    source = TFFDataSource(tff_source)
+    source = FederatedDataSourceFromTFF(tff_source)
     assert source.client_ids == [f"{i:02d}" for i in range(12)]
     assert source.federated_type == tff_source.federated_type
     rounds = {r: source.iterator(5).select(4, r) for r in (1, 2, 3)}
-    again = TFFDataSource(tff_source.iterator()).iterator(5)
+    again = FederatedDataSourceFromTFF(tff_source.iterator()).iterator(5)
     for r, handles in rounds.items():
         assert again.select(4, r) == handles
         assert len(set(handles)) == 4
@@ -50,13 +50,13 @@ async def test_a_tff_dataset_source_is_sampled_by_seed_and_round() -> None:
     # The same ids sample the same clients as our own sources do.
     ours = InMemoryDataSource({i: None for i in source.client_ids}).iterator(5)
     assert [h.client_id for h in ours.select(4, 2)] == [h.client_id for h in rounds[2]]
-    fixed = TFFDataSource(tff_source, sampling=Sampling.FIXED).iterator(1)
+    fixed = FederatedDataSourceFromTFF(tff_source, sampling=Sampling.FIXED).iterator(1)
     assert fixed.select(3, 1) == fixed.select(3, 9)
 
 
 async def test_a_tff_process_trains_on_a_tff_source_under_train_model(fedavg, datasets) -> None:
     clients = list(datasets.values())
-    tff_source = TFFDataSource(tff.program.DatasetDataSource(clients))
+    tff_source = FederatedDataSourceFromTFF(tff.program.DatasetDataSource(clients))
     ours = InMemoryDataSource({f"{i:02d}": dataset for i, dataset in enumerate(clients)})
 
     async def run(source: object) -> dict[int, object]:
@@ -81,16 +81,18 @@ async def test_a_tff_process_trains_on_a_tff_source_under_train_model(fedavg, da
 
 async def test_client_ids_and_client_data_load_where_the_work_runs() -> None:
     arrays = {f"c{i}": np.full((3, 2), float(i)) for i in range(6)}
-    by_id = TFFDataSource(tff.program.ClientIdDataSource(list(arrays)), load=arrays.__getitem__)
+    by_id = FederatedDataSourceFromTFF(
+        tff.program.ClientIdDataSource(list(arrays)), load=arrays.__getitem__
+    )
     for handle in by_id.iterator(0).select(3, 1):
         np.testing.assert_array_equal(handle.load(), arrays[handle.client_id])
-    ids_only = TFFDataSource(tff.program.ClientIdDataSource(["b", "a"]))
+    ids_only = FederatedDataSourceFromTFF(tff.program.ClientIdDataSource(["b", "a"]))
     assert [h.load() for h in ids_only.all_clients()] == ["a", "b"]
 
     client_data = tff.simulation.datasets.TestClientData(
         {f"w{i}": collections.OrderedDict(x=np.full((2, 1), i, np.int32)) for i in range(4)}
     )
-    source = TFFDataSource(client_data)
+    source = FederatedDataSourceFromTFF(client_data)
     assert source.client_ids == ["w0", "w1", "w2", "w3"]
     for handle in source.iterator(7).select(2, 4):
         [first, _] = list(handle.load().as_numpy_iterator())
@@ -116,7 +118,7 @@ async def test_train_model_on_a_tff_source_trains_as_on_ours() -> None:
         return metrics.values()
 
     tff_source = tff.program.ClientIdDataSource(list(reversed(arrays)))
-    assert await run(TFFDataSource(tff_source, load=arrays.__getitem__)) == await run(
+    assert await run(FederatedDataSourceFromTFF(tff_source, load=arrays.__getitem__)) == await run(
         InMemoryDataSource(arrays)
     )
 
@@ -129,13 +131,13 @@ async def test_sources_that_cannot_be_listed_are_refused() -> None:
             raise NotImplementedError
 
     with pytest.raises(TypeError, match="got Custom; other sources cannot be listed"):
-        TFFDataSource(Custom())
+        FederatedDataSourceFromTFF(Custom())
     with pytest.raises(ValueError, match=r"duplicated client ids: \['a'\]"):
-        TFFDataSource(tff.program.ClientIdDataSource(["a", "b", "a"]))
+        FederatedDataSourceFromTFF(tff.program.ClientIdDataSource(["a", "b", "a"]))
     with pytest.raises(TypeError, match="load applies to client ids"):
-        TFFDataSource(tff.program.DatasetDataSource(numbered_datasets(2)), load=str)
+        FederatedDataSourceFromTFF(tff.program.DatasetDataSource(numbered_datasets(2)), load=str)
     with pytest.raises(TypeError, match="load must be callable or None, got int"):
-        TFFDataSource(tff.program.ClientIdDataSource(["a"]), load=3)  # type: ignore[arg-type]
+        FederatedDataSourceFromTFF(tff.program.ClientIdDataSource(["a"]), load=3)  # type: ignore[arg-type]
 
 
 async def test_our_source_in_tff_selects_by_round_and_serializes() -> None:

@@ -12,13 +12,14 @@ from conftest import PER_ROUND, SEED, model_fn
 
 from managers import FileProgramStateManager, MemoryReleaseManager
 from managers.serialization import dumps
-from programlogic import EvaluationManager, evaluation_seed, train_model
+from programlogic import EvaluationManager, train_model
 from programlogic.contexts.tff import (
     TFFContext,
     TFFLearningProcess,
     build_tff_evaluation,
     to_plain,
 )
+from programlogic.evaluation import evaluation_seed
 
 pytestmark = pytest.mark.anyio
 

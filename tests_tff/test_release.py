@@ -29,9 +29,9 @@ from managers.structure import flatten
 from programlogic import LocalContext, train_model
 from programlogic.contexts.tff import (
     ReleaseManagerForTFF,
+    ReleaseManagerFromTFF,
     TFFContext,
     TFFLearningProcess,
-    TFFReleaseManager,
     from_tff_structure,
     to_tff_structure,
 )
@@ -53,7 +53,7 @@ async def test_tff_managers_inside_our_grouping_receive_what_train_model_release
     tff_memory = tff.program.MemoryReleaseManager()
     tff_csv = tff.program.CSVFileReleaseManager(str(tmp_path / "tff_metrics.csv"))
     metrics = GroupingReleaseManager(
-        [ours, TFFReleaseManager(tff_memory), TFFReleaseManager(tff_csv)]
+        [ours, ReleaseManagerFromTFF(tff_memory), ReleaseManagerFromTFF(tff_csv)]
     )
     tff_models = tff.program.MemoryReleaseManager()
     async with LocalContext(max_workers=2):
@@ -63,7 +63,7 @@ async def test_tff_managers_inside_our_grouping_receive_what_train_model_release
             train_per_round_clients=4,
             train_total_rounds=5,
             program_state_manager=MemoryProgramStateManager(),
-            model_output_manager=TFFReleaseManager(tff_models),
+            model_output_manager=ReleaseManagerFromTFF(tff_models),
             train_metrics_manager=metrics,
             seed=3,
         )
@@ -96,11 +96,11 @@ async def test_tff_file_managers_keep_what_a_tff_process_under_train_model_relea
             train_per_round_clients=3,
             train_total_rounds=2,
             program_state_manager=MemoryProgramStateManager(),
-            model_output_manager=TFFReleaseManager(saved_models),
+            model_output_manager=ReleaseManagerFromTFF(saved_models),
             train_metrics_manager=GroupingReleaseManager(
                 [
                     ours,
-                    TFFReleaseManager(
+                    ReleaseManagerFromTFF(
                         tff.program.TensorBoardReleaseManager(str(tmp_path / "tensorboard"))
                     ),
                 ]
@@ -180,14 +180,14 @@ async def test_released_keys_must_be_int_or_str() -> None:
     await ours.release({"a": 1}, np.int64(4))
     assert list(ours.manager.values()) == [4]
     assert type(next(iter(ours.manager.values()))) is int
-    theirs = TFFReleaseManager(tff.program.MemoryReleaseManager())
+    theirs = ReleaseManagerFromTFF(tff.program.MemoryReleaseManager())
     with pytest.raises(TypeError, match="got bool True"):
         await theirs.release({"a": 1}, True)
 
 
 async def test_constructors_name_the_bad_argument() -> None:
     with pytest.raises(TypeError, match=r"tff_manager must be a tff\.program\.ReleaseManager"):
-        TFFReleaseManager(MemoryReleaseManager())  # type: ignore[arg-type]
+        ReleaseManagerFromTFF(MemoryReleaseManager())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="manager must be a programlogic ReleaseManager"):
         ReleaseManagerForTFF(tff.program.MemoryReleaseManager())  # type: ignore[arg-type]
 
@@ -210,7 +210,7 @@ class Pair(collections.namedtuple("Pair", ["first", "second"])):
 
 async def test_values_cross_the_boundary_in_each_sides_containers() -> None:
     theirs = tff.program.MemoryReleaseManager()
-    await TFFReleaseManager(theirs).release(
+    await ReleaseManagerFromTFF(theirs).release(
         {"point": Point(0.5, ["a"]), "pair": Pair(tf.constant([1, 2]), b"x")}, 7
     )
     released = dict(theirs.values())[7]
@@ -261,7 +261,7 @@ async def test_errors_cross_the_boundary_unchanged() -> None:
             raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        await TFFReleaseManager(FullDisk()).release({"a": 1}, 1)
+        await ReleaseManagerFromTFF(FullDisk()).release({"a": 1}, 1)
 
     class Refusing(MemoryReleaseManager):
         async def release(self, value: object, key: object) -> None:
@@ -297,12 +297,12 @@ async def test_tff_managers_write_off_the_event_loop_under_asyncio_and_trio(
         answered.set()
 
     slow = SlowDisk()
-    manager = TFFReleaseManager(slow)
+    manager = ReleaseManagerFromTFF(slow)
     async with anyio.create_task_group() as group:
         for key in (1, 2):
             group.start_soon(answer, key)
             group.start_soon(manager.release, {"loss": 0.5}, key)
     assert sorted((key, loop_ran) for _, key, loop_ran in slow.released) == [(1, True), (2, True)]
     csv_manager = tff.program.CSVFileReleaseManager(str(tmp_path / "m.csv"))
-    await TFFReleaseManager(csv_manager).release({"loss": 0.5}, 3)
+    await ReleaseManagerFromTFF(csv_manager).release({"loss": 0.5}, 3)
     assert read_tff_csv(tmp_path / "m.csv") == [{"key": "3", "loss": "0.5"}]

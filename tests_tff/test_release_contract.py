@@ -1,4 +1,4 @@
-"""TFF's release managers, adapted with TFFReleaseManager, held to the contract suite.
+"""TFF's release managers, adapted with ReleaseManagerFromTFF, held to the contract suite.
 
 Both backends: the adapter runs each TFF release on an event loop of its own in a
 worker thread, so it promises to work under trio as well as asyncio.
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import tensorflow_federated as tff
 
-from programlogic.contexts.tff import TFFReleaseManager
+from programlogic.contexts.tff import ReleaseManagerFromTFF
 from programlogic.testing.contracts import Capabilities, ReleaseManagerContract, ReleaseSubject
 
 
@@ -34,7 +34,7 @@ class TestTFFMemoryReleaseManager(ReleaseManagerContract):
     def subject(self) -> ReleaseSubject:
         memory = tff.program.MemoryReleaseManager()
         return ReleaseSubject(
-            TFFReleaseManager(memory),
+            ReleaseManagerFromTFF(memory),
             lambda: dict(memory.values()),
             Capabilities(normalize=_as_tff_holds),
         )

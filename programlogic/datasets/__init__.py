@@ -20,9 +20,10 @@ The data sets:
 Nothing here imports TensorFlow; scikit-learn and h5py are imported on first use.
 """
 
+from programlogic._deprecation import moved_names
 from programlogic.datasets.arrays import ClientArrays, FederatedData
-from programlogic.datasets.digits import load_digits_writers, writer_forms
-from programlogic.datasets.emnist import HDF5ClientLoader, HDF5DataSource, load_emnist_h5
+from programlogic.datasets.digits import load_digits_writers
+from programlogic.datasets.emnist import HDF5DataSource, load_emnist_h5
 from programlogic.datasets.fashion_mnist import load_fashion_mnist
 from programlogic.datasets.partition import dirichlet_partition
 from programlogic.datasets.preprocessing import (
@@ -37,7 +38,6 @@ __all__ = [
     "ClientArrays",
     "ClientBatches",
     "FederatedData",
-    "HDF5ClientLoader",
     "HDF5DataSource",
     "Preprocessing",
     "client_seed",
@@ -45,5 +45,12 @@ __all__ = [
     "load_digits_writers",
     "load_emnist_h5",
     "load_fashion_mnist",
-    "writer_forms",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "HDF5ClientLoader": "programlogic.datasets.emnist.HDF5ClientLoader",
+        "writer_forms": "programlogic.datasets.digits.writer_forms",
+    },
+)

@@ -14,7 +14,7 @@ from programlogic.data import InMemoryDataSource, Sampling
 from programlogic.datasets._optional import require
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 
-__all__ = ["load_digits_writers", "writer_forms"]
+__all__ = ["load_digits_writers"]
 
 NUM_WRITERS = 14
 NUM_TRAIN_WRITERS = 10

@@ -22,7 +22,7 @@ from programlogic.data import ClientHandle, HandleDataSource, Sampling
 from programlogic.datasets._optional import require
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 
-__all__ = ["HDF5ClientLoader", "HDF5DataSource", "load_emnist_h5"]
+__all__ = ["HDF5DataSource", "load_emnist_h5"]
 
 _EXAMPLES = "examples"
 

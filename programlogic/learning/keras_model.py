@@ -20,7 +20,6 @@ from programlogic.datasets.preprocessing import BatchOrder
 from programlogic.learning._tensorflow import GRAPHS, keras, tf
 
 __all__ = [
-    "SUPPORTED_METRICS",
     "ClientGroup",
     "FunctionalModel",
     "ModelWeights",

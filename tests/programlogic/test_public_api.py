@@ -1,4 +1,6 @@
+import importlib
 import inspect
+import re
 import subprocess
 import sys
 
@@ -42,7 +44,6 @@ async def test_the_top_level_exports_what_users_need() -> None:
 
 async def test_every_public_class_and_function_of_the_package_is_exported() -> None:
     modules = [
-        programlogic.clock,
         programlogic.context,
         programlogic.contexts.local,
         programlogic.data,
@@ -86,3 +87,63 @@ async def test_importing_programlogic_never_imports_the_optional_tff_backend() -
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("module", "former", "path"),
+    [
+        ("programlogic", "Clock", "managers.clock.Clock"),
+        ("programlogic", "SystemClock", "managers.clock.SystemClock"),
+        ("programlogic", "as_async", "programlogic.process.as_async"),
+        ("programlogic", "evaluation_seed", "programlogic.evaluation.evaluation_seed"),
+        ("programlogic.clock", "Clock", "managers.clock.Clock"),
+        ("programlogic.clock", "SystemClock", "managers.clock.SystemClock"),
+        (
+            "programlogic.datasets",
+            "HDF5ClientLoader",
+            "programlogic.datasets.emnist.HDF5ClientLoader",
+        ),
+        ("programlogic.datasets", "writer_forms", "programlogic.datasets.digits.writer_forms"),
+        (
+            "programlogic.learning",
+            "MAX_CLIENTS_PER_GROUP",
+            "programlogic.learning.fed_avg.MAX_CLIENTS_PER_GROUP",
+        ),
+        (
+            "programlogic.learning",
+            "plan_group_size",
+            "programlogic.learning.fed_avg.plan_group_size",
+        ),
+        (
+            "programlogic.learning",
+            "SUPPORTED_METRICS",
+            "programlogic.learning.keras_model.SUPPORTED_METRICS",
+        ),
+    ],
+)
+async def test_a_name_taken_out_of_all_still_imports_from_its_old_place_and_warns(
+    module: str, former: str, path: str
+) -> None:
+    old_module = importlib.import_module(module)
+    with pytest.warns(
+        DeprecationWarning, match=re.escape(f"{module}.{former} is deprecated: use {path}")
+    ):
+        value = getattr(old_module, former)
+    new_module, _, name = path.rpartition(".")
+    assert value is getattr(importlib.import_module(new_module), name)
+    assert former not in old_module.__all__
+
+
+async def test_clocks_are_exported_by_managers_only() -> None:
+    import programlogic.managers
+
+    assert {"Clock", "SystemClock"} <= set(managers.__all__)
+    assert programlogic.managers.Clock is managers.clock.Clock
+    assert not {"Clock", "SystemClock"} & set(programlogic.__all__)
+
+
+async def test_programlogic_tasks_re_exports_the_public_task_groups() -> None:
+    import managers.taskgroups
+
+    assert programlogic.tasks.task_group is managers.taskgroups.task_group
+    assert programlogic.tasks.collapse is managers.taskgroups.collapse

@@ -1,4 +1,5 @@
 import anyio
+import anyio.lowlevel
 import pytest
 
 from programlogic.tasks import TaskTracker, task_group
@@ -68,6 +69,19 @@ async def test_an_unwrapped_failure_keeps_its_own_cause() -> None:
         async with task_group() as group:
             group.start_soon(fail)
     assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_leaving_a_task_group_block_waits_for_its_tasks() -> None:
+    finished: list[str] = []
+
+    async def work() -> None:
+        for _ in range(10):
+            await anyio.lowlevel.checkpoint()
+        finished.append("work")
+
+    async with task_group() as group:
+        group.start_soon(work)
+    assert finished == ["work"]
 
 
 async def test_a_cancelled_task_group_stays_cancelled() -> None:

@@ -7,18 +7,31 @@ TensorFlow Federated; ``import programlogic`` never does.
 
 Also TFF's data sources and release managers as ours and ours as TFF's (``data``,
 ``release``), for programs that move from ``tff.program`` piece by piece.
+
+Names say the direction an adapter crosses the boundary, after the concept it is:
+
+- ``<Concept>FromTFF``: a TFF object used by programlogic, which takes one of TFF's and
+  is one of ours (:class:`FederatedDataSourceFromTFF`, :class:`ReleaseManagerFromTFF`);
+- ``<Concept>ForTFF``: one of ours used by TFF code, which takes one of ours and is one
+  of TFF's (:class:`FederatedDataSourceForTFF`, :class:`ReleaseManagerForTFF`).
+
+The ``TFF`` prefix of :class:`TFFContext` and :class:`TFFLearningProcess` names the
+backend, as in ``LocalContext`` and ``RayContext``: they are this backend, not adapters
+(a ``TFFLearningProcess`` runs only inside a ``TFFContext``). The former names
+``TFFDataSource`` and ``TFFReleaseManager`` keep working with a ``DeprecationWarning``.
 """
 
+from programlogic._deprecation import moved_names
 from programlogic.contexts.tff.context import TFFContext
 from programlogic.contexts.tff.data import (
     FederatedDataSourceForTFF,
-    TFFDataSource,
+    FederatedDataSourceFromTFF,
     client_dataset_type,
 )
 from programlogic.contexts.tff.process import TFFLearningProcess, build_tff_evaluation
 from programlogic.contexts.tff.release import (
     ReleaseManagerForTFF,
-    TFFReleaseManager,
+    ReleaseManagerFromTFF,
     from_tff_structure,
     to_tff_structure,
 )
@@ -26,11 +39,11 @@ from programlogic.contexts.tff.structures import from_plain, to_plain
 
 __all__ = [
     "FederatedDataSourceForTFF",
+    "FederatedDataSourceFromTFF",
     "ReleaseManagerForTFF",
+    "ReleaseManagerFromTFF",
     "TFFContext",
-    "TFFDataSource",
     "TFFLearningProcess",
-    "TFFReleaseManager",
     "build_tff_evaluation",
     "client_dataset_type",
     "from_plain",
@@ -38,3 +51,11 @@ __all__ = [
     "to_plain",
     "to_tff_structure",
 ]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "TFFDataSource": "programlogic.contexts.tff.FederatedDataSourceFromTFF",
+        "TFFReleaseManager": "programlogic.contexts.tff.ReleaseManagerFromTFF",
+    },
+)

@@ -1,6 +1,6 @@
 """Federated data sources across the TFF boundary, in both directions.
 
-- :class:`TFFDataSource` makes TFF's data (``tff.program.DatasetDataSource``,
+- :class:`FederatedDataSourceFromTFF` makes TFF's data (``tff.program.DatasetDataSource``,
   ``tff.program.ClientIdDataSource``, their iterators, or a
   ``tff.simulation.datasets.ClientData``) a data source of ours: its clients are
   sampled by our :class:`~programlogic.data.ClientSampler`, a pure function of
@@ -26,13 +26,22 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from managers.validation import check_callable, check_int
+from programlogic._deprecation import moved_names
 from programlogic.data import ClientHandle, FederatedDataSource, HandleDataSource, Sampling
 from programlogic.exceptions import ResumeError
 
-__all__ = ["FederatedDataSourceForTFF", "TFFDataSource", "client_dataset_type"]
+__all__ = [
+    "FederatedDataSourceForTFF",
+    "FederatedDataSourceFromTFF",
+    "client_dataset_type",
+]
+
+__getattr__ = moved_names(
+    __name__, {"TFFDataSource": "programlogic.contexts.tff.data.FederatedDataSourceFromTFF"}
+)
 
 
-class TFFDataSource(HandleDataSource):
+class FederatedDataSourceFromTFF(HandleDataSource):
     """TFF's federated data as a data source of ours.
 
     ``source`` is one of:

@@ -1,6 +1,6 @@
 """Release managers across the TFF boundary, in both directions.
 
-- :class:`TFFReleaseManager` makes a ``tff.program.ReleaseManager`` (TFF's memory, CSV,
+- :class:`ReleaseManagerFromTFF` makes a ``tff.program.ReleaseManager`` (TFF's memory, CSV,
   TensorBoard, SavedModel managers, or one of your own) a release manager of ours, to
   hand to :func:`programlogic.train_model`, to an ``EvaluationManager`` or to put in a
   :class:`~managers.GroupingReleaseManager`.
@@ -19,7 +19,7 @@ Values are converted on the way, so that each side receives the structures it kn
   ``int``. Dicts, lists, tuples and NamedTuples keep their types on both sides.
 
 TFF's release managers are asyncio code whose file sinks (CSV, TensorBoard, SavedModel)
-write files synchronously inside ``release``. :class:`TFFReleaseManager` therefore runs
+write files synchronously inside ``release``. :class:`ReleaseManagerFromTFF` therefore runs
 each TFF release on an asyncio event loop of its own in a worker thread, so the
 program's event loop (asyncio or trio) never blocks on TFF's writes.
 """
@@ -40,18 +40,23 @@ import tensorflow_federated as tff
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import is_container, map_children
 from managers.values import materialize
+from programlogic._deprecation import moved_names
 
 __all__ = [
     "ReleaseManagerForTFF",
-    "TFFReleaseManager",
+    "ReleaseManagerFromTFF",
     "from_tff_structure",
     "to_tff_structure",
 ]
 
+__getattr__ = moved_names(
+    __name__, {"TFFReleaseManager": "programlogic.contexts.tff.release.ReleaseManagerFromTFF"}
+)
+
 _PLAIN_LEAVES = (bool, int, float, complex, str, bytes, np.generic, np.ndarray, type(None))
 
 
-class TFFReleaseManager(ReleaseManager):
+class ReleaseManagerFromTFF(ReleaseManager):
     """A ``tff.program.ReleaseManager`` used as a release manager of ours.
 
     ``release(value, key)`` awaits the value references in ``value`` (ours and TFF's),
@@ -94,7 +99,7 @@ class TFFReleaseManager(ReleaseManager):
             await anyio.to_thread.run_sync(_run_on_own_loop, self._tff_manager.release, plain, key)
 
     def __repr__(self) -> str:
-        return f"TFFReleaseManager({self._tff_manager!r})"
+        return f"ReleaseManagerFromTFF({self._tff_manager!r})"
 
 
 class ReleaseManagerForTFF(tff.program.ReleaseManager):

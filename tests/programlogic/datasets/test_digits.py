@@ -3,7 +3,8 @@ import sys
 import numpy as np
 import pytest
 
-from programlogic.datasets import Preprocessing, load_digits_writers, writer_forms
+from programlogic.datasets import Preprocessing, load_digits_writers
+from programlogic.datasets.digits import writer_forms
 
 pytestmark = pytest.mark.anyio
 

@@ -39,14 +39,13 @@ from programlogic import (
 )
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import (
-    MAX_CLIENTS_PER_GROUP,
     WeightedFedAvg,
     adam,
     build_weighted_fed_avg,
-    plan_group_size,
     sgd,
     softmax_regression,
 )
+from programlogic.learning.fed_avg import MAX_CLIENTS_PER_GROUP, plan_group_size
 from programlogic.testing import CrashingStateManager, SimulatedCrash
 
 pytestmark = pytest.mark.anyio
