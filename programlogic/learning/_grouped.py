@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import collections
 import functools
-import json
 import math
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -25,7 +24,7 @@ from managers.validation import check_int
 from programlogic.context import FederatedContext, get_context
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._tensorflow import CompiledFunction, keras
-from programlogic.learning.keras_model import FunctionalModel
+from programlogic.learning.keras_model import DEFAULT_LOSS, FunctionalModel
 
 __all__ = [
     "MAX_CLIENTS_PER_GROUP",
@@ -66,6 +65,13 @@ def ratio(numerator: float, denominator: float) -> float:
     return float(np.float32(numerator / denominator))
 
 
+def functional_model(
+    model_fn: Callable[[], Any], loss: Any, metrics: Sequence[str]
+) -> FunctionalModel:
+    """The :class:`FunctionalModel` a builder makes; ``loss`` None is :data:`DEFAULT_LOSS`."""
+    return FunctionalModel(model_fn, DEFAULT_LOSS if loss is None else loss, metrics)
+
+
 SHARED_FUNCTIONS = 8
 """How many compiled group functions the process keeps for processes built later."""
 
@@ -93,23 +99,17 @@ def _callable_key(fn: Any) -> Hashable:
     return fn
 
 
-def _loss_key(loss: Any) -> Hashable:
-    # Keras' own losses are fully described by their config; any other loss object
-    # only by itself, since its config may leave out what its computation reads.
-    if type(loss).__module__.startswith("keras."):
-        return type(loss), json.dumps(loss.get_config(), sort_keys=True, default=repr)
-    return _Same(loss)
-
-
 def _model_key(model: FunctionalModel) -> Hashable:
     """What a graph of ``model`` depends on: equal keys build the same graph.
 
     ``model_fn`` must build the same model every call (unpickling relies on it too); the
     weights' shapes and dtypes and Keras' dtype policy guard against one that does not.
+    A loss is only known to compute what it computes itself: a Keras loss's config may
+    leave out its arguments (``Huber``'s ``delta``).
     """
     return (
         _callable_key(model.model_fn),
-        _loss_key(model.loss),
+        _Same(model.loss),
         model.metrics,
         model.input_shape,
         len(model.model.trainable_variables),

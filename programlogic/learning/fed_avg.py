@@ -18,10 +18,11 @@ from programlogic.learning._grouped import (
     MAX_CLIENTS_PER_GROUP,
     GroupedProcess,
     check_clients_per_group,
+    functional_model,
     plan_group_size,
     ratio,
 )
-from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning._tensorflow import tf
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.learning.optimizers import Optimizer, sgd
 from programlogic.process import LearningProcessOutput
@@ -98,7 +99,8 @@ class WeightedFedAvg(GroupedProcess):
     evenly over the context's ``parallelism`` (at most :data:`MAX_CLIENTS_PER_GROUP` a
     group). Each client's data is preprocessed where the work runs with the seed
     ``client_seed(seed, round, client_id)``, so for a fixed configuration a seed gives
-    the same model, bit for bit, across restarts.
+    the same model, bit for bit, across restarts. Processes built with the same
+    ``model_fn``, loss object, metrics and client optimizer share one compiled function.
 
     The state is ``{"round", "model": {"trainable", "non_trainable"}, "server_optimizer"}``
     with NumPy arrays, which the file state manager stores losslessly. Metrics:
@@ -372,11 +374,7 @@ def build_weighted_fed_avg(
     check_type("preprocess", preprocess, Preprocessing)
     check_int("seed", seed, minimum=0)
     check_clients_per_group(clients_per_group)
-    model = FunctionalModel(
-        model_fn,
-        loss if loss is not None else keras.losses.SparseCategoricalCrossentropy(),
-        metrics,
-    )
+    model = functional_model(model_fn, loss, metrics)
     return WeightedFedAvg(
         model, client_optimizer, server_optimizer, preprocess, seed, clients_per_group
     )

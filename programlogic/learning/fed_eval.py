@@ -11,8 +11,13 @@ import numpy as np
 from managers.validation import check_type
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._grouped import GroupedProcess, check_clients_per_group, ratio
-from programlogic.learning._tensorflow import keras, tf
+from programlogic.learning._grouped import (
+    GroupedProcess,
+    check_clients_per_group,
+    functional_model,
+    ratio,
+)
+from programlogic.learning._tensorflow import tf
 from programlogic.learning.fed_avg import WeightedFedAvg
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
 from programlogic.process import LearningProcessOutput
@@ -43,10 +48,10 @@ class FederatedEvaluation(GroupedProcess):
     every round since the weights were set.
 
     The process pickles (its compiled function is found again or rebuilt on
-    unpickling), so distributed contexts ship it to their workers. Evaluations of the
-    same ``model_fn``, loss and metrics share one compiled function, so a program may
-    build a new one for every evaluation without compiling again. Build it with
-    :func:`build_fed_eval`.
+    unpickling), so distributed contexts ship it to their workers. Evaluations built
+    with the same ``model_fn``, loss object (the default one, or one object passed each
+    time) and metrics share one compiled function, so a program may build a new one for
+    every evaluation without compiling again. Build it with :func:`build_fed_eval`.
     """
 
     def initialize(self) -> dict[str, Any]:
@@ -194,9 +199,5 @@ def build_fed_eval(
             f"got {preprocess.epochs}"
         )
     check_clients_per_group(clients_per_group)
-    model = FunctionalModel(
-        model_fn,
-        loss if loss is not None else keras.losses.SparseCategoricalCrossentropy(),
-        metrics,
-    )
+    model = functional_model(model_fn, loss, metrics)
     return FederatedEvaluation(model, preprocess, clients_per_group)
