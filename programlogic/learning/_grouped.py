@@ -24,7 +24,12 @@ from managers.validation import check_int
 from programlogic.context import FederatedContext, get_context
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._tensorflow import CompiledFunction, keras
-from programlogic.learning.keras_model import DEFAULT_LOSS, FunctionalModel
+from programlogic.learning.keras_model import (
+    DEFAULT_LOSS,
+    FunctionalModel,
+    ModelWeights,
+    stack_clients,
+)
 
 __all__ = [
     "MAX_CLIENTS_PER_GROUP",
@@ -141,8 +146,8 @@ def shared_compiled(key: Hashable, fn: Callable[..., Any]) -> CompiledFunction:
 class GroupedProcess(abc.ABC):
     """A learning process whose client work runs in compiled, vectorized client groups.
 
-    Subclasses name their group graph with :meth:`_group_graph` and call the compiled
-    function as ``self._compiled``. Processes whose graphs have the same key share one
+    Subclasses name their group graph with :meth:`_group_graph` and run it on a group
+    with :meth:`_run_group`. Processes whose graphs have the same key share one
     compiled function (see :func:`shared_compiled`). The process pickles without it; the
     copy gets it again where it is unpickled.
     """
@@ -166,17 +171,30 @@ class GroupedProcess(abc.ABC):
 
     @abc.abstractmethod
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Hashable, ...]]:
-        """``(graph, config)``: the group function is ``graph(model, *config, *arrays)``.
+        """``(graph, config)``: the group function is ``graph(model, *config, *weights, group)``.
 
         ``graph`` is a module-level function and ``config`` hashable values that, with
-        the model, determine the graph it traces.
+        the model, determine the graph it traces; ``weights`` are the trainable and
+        non-trainable lists of arrays and ``group`` a
+        :class:`~programlogic.learning.keras_model.ClientGroup`.
         """
-        raise NotImplementedError
 
     def _compile(self) -> CompiledFunction:
         graph, config = self._group_graph()
         fn = functools.partial(graph, self.model, *config)
         return shared_compiled((graph, _model_key(self.model), config), fn)
+
+    def _run_group(
+        self, weights: ModelWeights, datas: Sequence[Any], seeds: Sequence[int], group_size: int
+    ) -> Any:
+        """The compiled group function on ``datas``, preprocessed with a seed each, padded."""
+        examples = [self.preprocess.examples(data) for data in datas]
+        orders = [
+            self.preprocess.order(len(client.y), seed)
+            for client, seed in zip(examples, seeds, strict=True)
+        ]
+        group = stack_clients(examples, orders, group_size)
+        return self._compiled(weights["trainable"], weights["non_trainable"], group)
 
     def _plan_round(self, clients: Sequence[Any], round_name: str) -> tuple[FederatedContext, int]:
         """The current context and the round's group size; ``round_name`` names it in errors."""

@@ -23,7 +23,7 @@ from programlogic.learning._grouped import (
     ratio,
 )
 from programlogic.learning._tensorflow import tf
-from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
+from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
 from programlogic.learning.optimizers import Optimizer, sgd
 from programlogic.process import LearningProcessOutput
 from programlogic.tasks import task_group
@@ -188,16 +188,8 @@ class WeightedFedAvg(GroupedProcess):
         datas: Sequence[Any],
     ) -> list[_ClientUpdate]:
         weights, round_num, group_size = broadcast
-        examples = [self.preprocess.examples(data) for data in datas]
-        orders = [
-            self.preprocess.order(len(client.y), client_seed(self.seed, round_num, client_id))
-            for client_id, client in zip(client_ids, examples, strict=True)
-        ]
-        delta_sum, weight, finite, sums = self._compiled(
-            weights["trainable"],
-            weights["non_trainable"],
-            *stack_clients(examples, orders, group_size),
-        )
+        seeds = [client_seed(self.seed, round_num, client_id) for client_id in client_ids]
+        delta_sum, weight, finite, sums = self._run_group(weights, datas, seeds, group_size)
         group = _GroupDelta([total.numpy() for total in delta_sum], float(weight))
         finite = finite.numpy()
         sums = {name: value.numpy() for name, value in sums.items()}
@@ -262,10 +254,7 @@ def _train_group_graph(
     optimizer: Optimizer,
     trainable: list[Any],
     non_trainable: list[Any],
-    xs: Any,
-    ys: Any,
-    indices: Any,
-    masks: Any,
+    group: ClientGroup,
 ) -> tuple[list[Any], Any, Any, dict[str, Any]]:
     """A group's weighted delta sum, its weight, and each client's finiteness and sums."""
 
@@ -319,7 +308,7 @@ def _train_group_graph(
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
         return delta, finite, sums
 
-    deltas, finite, sums = tf.vectorized_map(train_client, (xs, ys, indices, masks))
+    deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
     # A client whose delta is not finite weighs nothing (and its delta, zeroed, adds
     # no NaN); padding clients trained on no example and weigh nothing either.
     weight = tf.where(finite, tf.cast(sums["num_examples"], tf.float64), 0.0)

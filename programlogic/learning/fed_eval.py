@@ -19,7 +19,7 @@ from programlogic.learning._grouped import (
 )
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.fed_avg import WeightedFedAvg
-from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
+from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
 from programlogic.process import LearningProcessOutput
 
 __all__ = ["FederatedEvaluation", "build_fed_eval"]
@@ -112,13 +112,7 @@ class FederatedEvaluation(GroupedProcess):
         datas: Sequence[Any],
     ) -> list[dict[str, float]]:
         weights, group_size = broadcast
-        examples = [self.preprocess.examples(data) for data in datas]
-        orders = [self.preprocess.order(len(client.y), 0) for client in examples]
-        sums = self._compiled(
-            weights["trainable"],
-            weights["non_trainable"],
-            *stack_clients(examples, orders, group_size),
-        )
+        sums = self._run_group(weights, datas, [0] * len(datas), group_size)
         arrays = {name: np.asarray(value) for name, value in sums.items()}
         return [
             {name: float(value[index]) for name, value in arrays.items()}
@@ -137,10 +131,7 @@ def _evaluate_group_graph(
     model: FunctionalModel,
     trainable: list[Any],
     non_trainable: list[Any],
-    xs: Any,
-    ys: Any,
-    indices: Any,
-    masks: Any,
+    group: ClientGroup,
 ) -> dict[str, Any]:
     """Each client's metric sums, for a group of clients."""
 
@@ -160,7 +151,7 @@ def _evaluate_group_graph(
         )
         return sums
 
-    return tf.vectorized_map(evaluate_client, (xs, ys, indices, masks))
+    return tf.vectorized_map(evaluate_client, tuple(group))
 
 
 def build_fed_eval(
