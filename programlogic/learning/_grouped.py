@@ -33,10 +33,13 @@ from programlogic.learning.keras_model import (
 
 __all__ = [
     "MAX_CLIENTS_PER_GROUP",
+    "SHARED_FUNCTIONS",
     "GroupedProcess",
     "check_clients_per_group",
+    "functional_model",
     "plan_group_size",
     "ratio",
+    "shared_compiled",
 ]
 
 MAX_CLIENTS_PER_GROUP = 64
