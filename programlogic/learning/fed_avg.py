@@ -11,15 +11,29 @@ import anyio
 import numpy as np
 
 from managers.validation import check_int, check_type, describe
-from programlogic.context import count_dropped_clients, get_context
+from programlogic.context import count_dropped_clients
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
-from programlogic.learning._tensorflow import CompiledFunction, keras, tf
-from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
+from programlogic.learning._grouped import (
+    MAX_CLIENTS_PER_GROUP as MAX_CLIENTS_PER_GROUP,
+)
+from programlogic.learning._grouped import (
+    GroupedProcess,
+    check_clients_per_group,
+    functional_model,
+    ratio,
+)
+from programlogic.learning._grouped import (
+    plan_group_size as plan_group_size,
+)
+from programlogic.learning._tensorflow import tf
+from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
 from programlogic.learning.optimizers import Optimizer, sgd
 from programlogic.process import LearningProcessOutput
 from programlogic.tasks import task_group
 
+# MAX_CLIENTS_PER_GROUP and plan_group_size live in _grouped since FedEval shares them;
+# they stay importable from here, outside the public names.
 __all__ = ["WeightedFedAvg", "build_weighted_fed_avg"]
 
 
@@ -70,7 +84,7 @@ class _Totals:
         self.weight += group.weight
 
 
-class WeightedFedAvg:
+class WeightedFedAvg(GroupedProcess):
     """Federated averaging (McMahan et al.) of a Keras model, weighted by examples.
 
     A round broadcasts the model, trains it on each client's batches with the client
@@ -89,7 +103,8 @@ class WeightedFedAvg:
     evenly over the context's ``parallelism`` (at most :data:`MAX_CLIENTS_PER_GROUP` a
     group). Each client's data is preprocessed where the work runs with the seed
     ``client_seed(seed, round, client_id)``, so for a fixed configuration a seed gives
-    the same model, bit for bit, across restarts.
+    the same model, bit for bit, across restarts. Processes built with the same
+    ``model_fn``, loss object, metrics and client optimizer share one compiled function.
 
     The state is ``{"round", "model": {"trainable", "non_trainable"}, "server_optimizer"}``
     with NumPy arrays, which the file state manager stores losslessly. Metrics:
@@ -110,22 +125,10 @@ class WeightedFedAvg:
         seed: int,
         clients_per_group: int | None,
     ) -> None:
-        self.model = model
         self.client_optimizer = client_optimizer
         self.server_optimizer = server_optimizer
-        self.preprocess = preprocess
         self.seed = seed
-        self.clients_per_group = clients_per_group
-        self._train_group_compiled = CompiledFunction(self._train_group_graph)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_train_group_compiled"]  # holds a tf.function: rebuilt where it is unpickled
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._train_group_compiled = CompiledFunction(self._train_group_graph)
+        super().__init__(model, preprocess, clients_per_group)
 
     def initialize(self) -> dict[str, Any]:
         """The round-0 state: the model's initial weights and a fresh server optimizer."""
@@ -140,11 +143,8 @@ class WeightedFedAvg:
         self, state: dict[str, Any], clients: Sequence[ClientHandle]
     ) -> LearningProcessOutput:
         """One round of FedAvg on ``clients``, computed through the current context."""
-        if not clients:
-            raise ValueError("a FedAvg round needs at least one client, got none")
-        context = get_context()
+        context, group_size = self._plan_round(clients, "a FedAvg round")
         round_num = int(state["round"]) + 1
-        group_size = plan_group_size(len(clients), context.parallelism, self.clients_per_group)
         broadcast = (state["model"], round_num, group_size)
         totals = _Totals()
         send, receive = anyio.create_memory_object_stream[_GroupDelta](math.inf)
@@ -192,16 +192,8 @@ class WeightedFedAvg:
         datas: Sequence[Any],
     ) -> list[_ClientUpdate]:
         weights, round_num, group_size = broadcast
-        examples = [self.preprocess.examples(data) for data in datas]
-        orders = [
-            self.preprocess.order(len(client.y), client_seed(self.seed, round_num, client_id))
-            for client_id, client in zip(client_ids, examples, strict=True)
-        ]
-        delta_sum, weight, finite, sums = self._train_group_compiled(
-            weights["trainable"],
-            weights["non_trainable"],
-            *stack_clients(examples, orders, group_size),
-        )
+        seeds = [client_seed(self.seed, round_num, client_id) for client_id in client_ids]
+        delta_sum, weight, finite, sums = self._run_group(weights, datas, seeds, group_size)
         group = _GroupDelta([total.numpy() for total in delta_sum], float(weight))
         finite = finite.numpy()
         sums = {name: value.numpy() for name, value in sums.items()}
@@ -215,77 +207,8 @@ class WeightedFedAvg:
         updates[0].group = group
         return updates
 
-    def _train_group_graph(
-        self,
-        trainable: list[Any],
-        non_trainable: list[Any],
-        xs: Any,
-        ys: Any,
-        indices: Any,
-        masks: Any,
-    ) -> tuple[list[Any], Any, Any, dict[str, Any]]:
-        model, optimizer = self.model, self.client_optimizer
-
-        def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
-            x, y, batch_indices, mask = data
-
-            def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-                weights, others, optimizer_state, sums = carry
-                with tf.GradientTape() as tape:
-                    tape.watch(weights)
-                    loss, new_others, batch_sums = model.batch(
-                        weights, others, x, y, batch_indices[index], mask[index], training=True
-                    )
-                gradients = [
-                    tf.zeros_like(w) if g is None else g
-                    for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
-                ]
-                new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
-                has_data = batch_sums["num_examples"] > 0
-                batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
-
-                def keep_if_empty(new: Any, old: Any) -> Any:
-                    return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
-
-                return (
-                    tf.nest.map_structure(keep_if_empty, new_weights, weights),
-                    tf.nest.map_structure(keep_if_empty, new_others, others),
-                    tf.nest.map_structure(keep_if_empty, new_state, optimizer_state),
-                    {name: sums[name] + batch_sums[name] for name in sums},
-                )
-
-            start = list(trainable)
-            initial_sums = {name: tf.constant(0.0) for name in self._sum_names()}
-            carry = (
-                start,
-                list(non_trainable),
-                tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
-                initial_sums,
-            )
-            num_batches = tf.shape(mask)[0]
-            index = tf.constant(0)
-            _, (trained, _, _, sums) = tf.while_loop(
-                lambda i, _: i < num_batches,
-                lambda i, c: (i + 1, step(i, c)),
-                (index, carry),
-            )
-            delta = [before - after for before, after in zip(start, trained, strict=True)]
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
-            return delta, finite, sums
-
-        deltas, finite, sums = tf.vectorized_map(train_client, (xs, ys, indices, masks))
-        # A client whose delta is not finite weighs nothing (and its delta, zeroed, adds
-        # no NaN); padding clients trained on no example and weigh nothing either.
-        weight = tf.where(finite, tf.cast(sums["num_examples"], tf.float64), 0.0)
-        delta_sum = []
-        for delta in deltas:
-            column = [-1] + [1] * (len(delta.shape) - 1)
-            kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
-            delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
-        return delta_sum, tf.reduce_sum(weight), finite, sums
-
-    def _sum_names(self) -> list[str]:
-        return ["loss_sum", "num_examples", *self.model.metrics, "num_batches"]
+    def _group_graph(self) -> tuple[Callable[..., Any], tuple[Optimizer]]:
+        return _train_group_graph, (self.client_optimizer,)
 
     def _server_step(self, state: dict[str, Any], totals: _Totals) -> LearningProcessOutput:
         weights = state["model"]
@@ -330,35 +253,75 @@ class WeightedFedAvg:
         return LearningProcessOutput(new_state, metrics)
 
 
-def ratio(numerator: float, denominator: float) -> float:
-    """``numerator / denominator`` rounded to float32, as TensorFlow metrics report it."""
-    if denominator == 0:
-        return math.nan
-    return float(np.float32(numerator / denominator))
+def _train_group_graph(
+    model: FunctionalModel,
+    optimizer: Optimizer,
+    trainable: list[Any],
+    non_trainable: list[Any],
+    group: ClientGroup,
+) -> tuple[list[Any], Any, Any, dict[str, Any]]:
+    """A group's weighted delta sum, its weight, and each client's finiteness and sums."""
 
+    def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
+        x, y, batch_indices, mask = data
 
-MAX_CLIENTS_PER_GROUP = 64
-"""The largest group the default grouping makes: bounds the memory of one compiled call."""
+        def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            weights, others, optimizer_state, sums = carry
+            with tf.GradientTape() as tape:
+                tape.watch(weights)
+                loss, new_others, batch_sums = model.batch(
+                    weights, others, x, y, batch_indices[index], mask[index], training=True
+                )
+            gradients = [
+                tf.zeros_like(w) if g is None else g
+                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
+            ]
+            new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
+            has_data = batch_sums["num_examples"] > 0
+            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
 
+            def keep_if_empty(new: Any, old: Any) -> Any:
+                return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
 
-def plan_group_size(num_clients: int, parallelism: int, clients_per_group: int | None) -> int:
-    """How many clients of a round of ``num_clients`` go into one compiled call.
+            return (
+                tf.nest.map_structure(keep_if_empty, new_weights, weights),
+                tf.nest.map_structure(keep_if_empty, new_others, others),
+                tf.nest.map_structure(keep_if_empty, new_state, optimizer_state),
+                {name: sums[name] + batch_sums[name] for name in sums},
+            )
 
-    ``clients_per_group`` when given (at most ``num_clients``); otherwise the round is
-    split evenly into a multiple of ``parallelism`` groups of at most
-    :data:`MAX_CLIENTS_PER_GROUP` clients.
-    """
-    if clients_per_group is not None:
-        return min(clients_per_group, num_clients)
-    parallelism = max(1, parallelism)
-    groups = max(parallelism, math.ceil(num_clients / MAX_CLIENTS_PER_GROUP))
-    groups = math.ceil(groups / parallelism) * parallelism
-    return max(1, math.ceil(num_clients / groups))
+        start = list(trainable)
+        initial_sums = {
+            name: tf.constant(0.0)
+            for name in ("loss_sum", "num_examples", *model.metrics, "num_batches")
+        }
+        carry = (
+            start,
+            list(non_trainable),
+            tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
+            initial_sums,
+        )
+        num_batches = tf.shape(mask)[0]
+        index = tf.constant(0)
+        _, (trained, _, _, sums) = tf.while_loop(
+            lambda i, _: i < num_batches,
+            lambda i, c: (i + 1, step(i, c)),
+            (index, carry),
+        )
+        delta = [before - after for before, after in zip(start, trained, strict=True)]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
+        return delta, finite, sums
 
-
-def check_clients_per_group(clients_per_group: object) -> None:
-    """Raise unless ``clients_per_group`` is None or an int >= 1 (TypeError or ValueError)."""
-    check_int("clients_per_group", clients_per_group, minimum=1, allow_none=True)
+    deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
+    # A client whose delta is not finite weighs nothing (and its delta, zeroed, adds
+    # no NaN); padding clients trained on no example and weigh nothing either.
+    weight = tf.where(finite, tf.cast(sums["num_examples"], tf.float64), 0.0)
+    delta_sum = []
+    for delta in deltas:
+        column = [-1] + [1] * (len(delta.shape) - 1)
+        kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
+        delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
+    return delta_sum, tf.reduce_sum(weight), finite, sums
 
 
 def build_weighted_fed_avg(
@@ -404,11 +367,7 @@ def build_weighted_fed_avg(
     check_type("preprocess", preprocess, Preprocessing)
     check_int("seed", seed, minimum=0)
     check_clients_per_group(clients_per_group)
-    model = FunctionalModel(
-        model_fn,
-        loss if loss is not None else keras.losses.SparseCategoricalCrossentropy(),
-        metrics,
-    )
+    model = functional_model(model_fn, loss, metrics)
     return WeightedFedAvg(
         model, client_optimizer, server_optimizer, preprocess, seed, clients_per_group
     )

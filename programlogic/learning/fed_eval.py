@@ -9,17 +9,17 @@ from typing import Any
 import numpy as np
 
 from managers.validation import check_type
-from programlogic.context import get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._tensorflow import CompiledFunction, keras, tf
-from programlogic.learning.fed_avg import (
-    WeightedFedAvg,
+from programlogic.learning._grouped import (
+    GroupedProcess,
     check_clients_per_group,
-    plan_group_size,
+    functional_model,
     ratio,
 )
-from programlogic.learning.keras_model import FunctionalModel, ModelWeights, stack_clients
+from programlogic.learning._tensorflow import tf
+from programlogic.learning.fed_avg import WeightedFedAvg
+from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
 from programlogic.process import LearningProcessOutput
 
 __all__ = ["FederatedEvaluation", "build_fed_eval"]
@@ -35,7 +35,7 @@ class _Sums:
         return self
 
 
-class FederatedEvaluation:
+class FederatedEvaluation(GroupedProcess):
     """Evaluates the model weights its state holds on the clients of each round.
 
     Each client's data is batched once, in order (``preprocess``), and run through the
@@ -47,26 +47,12 @@ class FederatedEvaluation:
     num_examples}`` for the round, and the same under ``total_rounds_metrics`` over
     every round since the weights were set.
 
-    The process pickles (its compiled function is rebuilt on unpickling), so
-    distributed contexts ship it to their workers. Build it with :func:`build_fed_eval`.
+    The process pickles (its compiled function is found again or rebuilt on
+    unpickling), so distributed contexts ship it to their workers. Evaluations built
+    with the same ``model_fn``, loss object (the default one, or one object passed each
+    time) and metrics share one compiled function, so a program may build a new one for
+    every evaluation without compiling again. Build it with :func:`build_fed_eval`.
     """
-
-    def __init__(
-        self, model: FunctionalModel, preprocess: Preprocessing, clients_per_group: int | None
-    ) -> None:
-        self.model = model
-        self.preprocess = preprocess
-        self.clients_per_group = clients_per_group
-        self._evaluate_group_compiled = CompiledFunction(self._evaluate_group_graph)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_evaluate_group_compiled"]  # holds a tf.function: rebuilt where it is unpickled
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._evaluate_group_compiled = CompiledFunction(self._evaluate_group_graph)
 
     def initialize(self) -> dict[str, Any]:
         """A state holding the model's initial weights and empty totals."""
@@ -76,10 +62,7 @@ class FederatedEvaluation:
         self, state: dict[str, Any], clients: Sequence[ClientHandle]
     ) -> LearningProcessOutput:
         """Evaluate the state's weights on ``clients``."""
-        if not clients:
-            raise ValueError("an evaluation round needs at least one client, got none")
-        context = get_context()
-        group_size = plan_group_size(len(clients), context.parallelism, self.clients_per_group)
+        context, group_size = self._plan_round(clients, "an evaluation round")
         sums = await context.aggregate_clients(
             self._evaluate_group,
             (state["model"], group_size),
@@ -111,7 +94,7 @@ class FederatedEvaluation:
         return {"model": self.model.check_weights(weights), "totals": self._zero_sums()}
 
     def _zero_sums(self) -> dict[str, float]:
-        return {name: 0.0 for name in ("loss_sum", "num_examples", *self.model.metrics)}
+        return dict.fromkeys(_sum_names(self.model), 0.0)
 
     def _finalize(self, sums: dict[str, float]) -> dict[str, Any]:
         examples = sums.get("num_examples", 0.0)
@@ -129,47 +112,46 @@ class FederatedEvaluation:
         datas: Sequence[Any],
     ) -> list[dict[str, float]]:
         weights, group_size = broadcast
-        examples = [self.preprocess.examples(data) for data in datas]
-        orders = [self.preprocess.order(len(client.y), 0) for client in examples]
-        sums = self._evaluate_group_compiled(
-            weights["trainable"],
-            weights["non_trainable"],
-            *stack_clients(examples, orders, group_size),
-        )
+        sums = self._run_group(weights, datas, [0] * len(datas), group_size)
         arrays = {name: np.asarray(value) for name, value in sums.items()}
         return [
             {name: float(value[index]) for name, value in arrays.items()}
             for index in range(len(client_ids))
         ]
 
-    def _evaluate_group_graph(
-        self,
-        trainable: list[Any],
-        non_trainable: list[Any],
-        xs: Any,
-        ys: Any,
-        indices: Any,
-        masks: Any,
-    ) -> dict[str, Any]:
-        model = self.model
+    def _group_graph(self) -> tuple[Callable[..., Any], tuple[()]]:
+        return _evaluate_group_graph, ()
 
-        def evaluate_client(data: tuple[Any, ...]) -> dict[str, Any]:
-            x, y, batch_indices, mask = data
 
-            def step(index: Any, sums: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-                batch = batch_indices[index]
-                _, _, batch_sums = model.batch(
-                    trainable, non_trainable, x, y, batch, mask[index], training=False
-                )
-                return index + 1, {name: sums[name] + batch_sums[name] for name in sums}
+def _sum_names(model: FunctionalModel) -> tuple[str, ...]:
+    return ("loss_sum", "num_examples", *model.metrics)
 
-            initial = {name: tf.constant(0.0) for name in self._zero_sums()}
-            _, sums = tf.while_loop(
-                lambda index, _: index < tf.shape(mask)[0], step, (tf.constant(0), initial)
+
+def _evaluate_group_graph(
+    model: FunctionalModel,
+    trainable: list[Any],
+    non_trainable: list[Any],
+    group: ClientGroup,
+) -> dict[str, Any]:
+    """Each client's metric sums, for a group of clients."""
+
+    def evaluate_client(data: tuple[Any, ...]) -> dict[str, Any]:
+        x, y, batch_indices, mask = data
+
+        def step(index: Any, sums: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            batch = batch_indices[index]
+            _, _, batch_sums = model.batch(
+                trainable, non_trainable, x, y, batch, mask[index], training=False
             )
-            return sums
+            return index + 1, {name: sums[name] + batch_sums[name] for name in sums}
 
-        return tf.vectorized_map(evaluate_client, (xs, ys, indices, masks))
+        initial = {name: tf.constant(0.0) for name in _sum_names(model)}
+        _, sums = tf.while_loop(
+            lambda index, _: index < tf.shape(mask)[0], step, (tf.constant(0), initial)
+        )
+        return sums
+
+    return tf.vectorized_map(evaluate_client, tuple(group))
 
 
 def build_fed_eval(
@@ -208,9 +190,5 @@ def build_fed_eval(
             f"got {preprocess.epochs}"
         )
     check_clients_per_group(clients_per_group)
-    model = FunctionalModel(
-        model_fn,
-        loss if loss is not None else keras.losses.SparseCategoricalCrossentropy(),
-        metrics,
-    )
+    model = functional_model(model_fn, loss, metrics)
     return FederatedEvaluation(model, preprocess, clients_per_group)

@@ -33,6 +33,13 @@ ModelWeights = dict[str, list[np.ndarray]]
 SUPPORTED_METRICS = ("sparse_categorical_accuracy",)
 """Metric names :class:`FunctionalModel` computes besides the loss."""
 
+DEFAULT_LOSS = keras.losses.SparseCategoricalCrossentropy()
+"""The loss of the built-in processes when none is given.
+
+One object, kept one through pickling, so that processes built with it can share their
+compiled functions (a loss object is only known to compute the same as itself).
+"""
+
 
 class FunctionalModel:
     """A Keras model, its loss and its metrics, as pure TensorFlow functions of the weights.
@@ -48,7 +55,8 @@ class FunctionalModel:
 
     It pickles as ``model_fn``, the loss, the metrics and the model's current weights
     (so ``model_fn`` must pickle too: a module-level function or a ``functools.partial``
-    of one); unpickling calls ``model_fn`` again and sets those weights.
+    of one); unpickling calls ``model_fn`` again and sets those weights, so ``model_fn``
+    must build the same model every time it is called.
     """
 
     def __init__(
@@ -82,13 +90,14 @@ class FunctionalModel:
     def __getstate__(self) -> dict[str, Any]:
         return {
             "model_fn": self.model_fn,
-            "loss": self.loss,
+            "loss": None if self.loss is DEFAULT_LOSS else self.loss,
             "metrics": self.metrics,
             "weights": [np.array(v.numpy()) for v in self.model.weights],
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["model_fn"], state["loss"], state["metrics"])
+        loss = DEFAULT_LOSS if state["loss"] is None else state["loss"]
+        self.__init__(state["model_fn"], loss, state["metrics"])
         for variable, value in zip(self.model.weights, state["weights"], strict=True):
             variable.assign(value)
 

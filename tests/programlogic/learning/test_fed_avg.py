@@ -1,7 +1,8 @@
 """FedAvg against TensorFlow Federated's numbers and against FedAvg written in NumPy.
 
 Every process is built once per test session (``functools.cache``) and shared by the
-tests and by both backends, because each new process compiles its client function.
+tests and by both backends, because each new process builds its model (processes built
+alike share one compiled client function).
 Tests that train pass the same clients in the same group shapes for the same reason.
 """
 

@@ -1,6 +1,7 @@
 import functools
 import pickle
 
+import keras
 import numpy as np
 import pytest
 from learning_support import (
@@ -180,3 +181,63 @@ async def test_a_given_preprocess_wins_over_the_training_process() -> None:
     assert build_fed_eval(SMALL_MODEL, preprocess=given, train_process=training).preprocess == given
     with pytest.raises(TypeError, match="train_process must be a WeightedFedAvg or None, got str"):
         build_fed_eval(SMALL_MODEL, train_process="fedavg")
+
+
+# Evaluations built alike compile once.
+
+
+class TracedDense(keras.layers.Dense):
+    """A dense layer that counts the times its computation is traced (or built)."""
+
+    traces = 0
+
+    def call(self, inputs):
+        TracedDense.traces += 1
+        return super().call(inputs)
+
+
+def traced_model() -> keras.Model:
+    """``softmax_regression((FEATURES,), CLASSES)`` with a :class:`TracedDense` layer."""
+    return keras.Sequential(
+        [keras.Input((FEATURES,)), TracedDense(CLASSES), keras.layers.Softmax()]
+    )
+
+
+class DoubledCrossentropy(keras.losses.Loss):
+    """Twice the cross-entropy: a loss only the object itself describes, not Keras."""
+
+    def call(self, y_true, y_pred):
+        return 2.0 * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+
+def traced_evaluation(loss=None) -> FederatedEvaluation:
+    return build_fed_eval(
+        traced_model,
+        loss=loss,
+        preprocess=Preprocessing(epochs=1, batch_size=4, shuffle_buffer=0),
+        clients_per_group=3,
+    )
+
+
+async def test_a_new_evaluation_built_alike_reuses_the_compiled_function() -> None:
+    # As a program whose create_process_fn builds an evaluation for every evaluated
+    # round, and a worker that unpickles each one it is shipped.
+    weights = known_weights()
+    source = InMemoryDataSource(more_clients())
+    async with LocalContext(max_workers=2):
+        first = await evaluate_once(traced_evaluation(), weights, source)
+        again, shipped = traced_evaluation(), pickle.loads(pickle.dumps(traced_evaluation()))
+        traces = TracedDense.traces
+        second = await evaluate_once(again, weights, source)
+        third = await evaluate_once(shipped, weights, source)
+        assert TracedDense.traces == traces
+
+        # Another loss is another function: traced anew, with that loss.
+        doubled = await evaluate_once(traced_evaluation(DoubledCrossentropy()), weights, source)
+        assert TracedDense.traces > traces
+
+    expected = expected_metrics(weights, more_clients().values())
+    for metrics in (first, second, third):
+        assert metrics["client_work"]["eval"]["current_round_metrics"] == expected
+    doubled_metrics = doubled["client_work"]["eval"]["current_round_metrics"]
+    assert doubled_metrics["loss"] == pytest.approx(2 * expected["loss"].expected, rel=1e-5)
