@@ -66,6 +66,7 @@ from managers.structure import reshape
 __all__ = ["FORMAT_VERSION", "SerializationError", "dumps", "dumps_buffers", "loads"]
 
 FORMAT_VERSION = 1
+"""The version of the format this module writes, in every payload's header."""
 
 _MAGIC = b"\x89PLC\r\n\x1a\n"
 _HEADER = struct.Struct("<8sII")  # magic, format version, checksum
