@@ -116,7 +116,8 @@ class UnitScheduler:
 
     async def _wait_ready(self, actor: Any, send: MemoryObjectSendStream[Event]) -> None:
         try:
-            machine, pid = await self._session.wait(actor.ready.remote(), "start a worker")
+            ref = await self._session.call("start a worker", lambda ray: actor.ready.remote())
+            machine, pid = await self._session.wait(ref, "start a worker")
         except ClusterConnectionError:
             raise
         except ProgramLogicError as error:
