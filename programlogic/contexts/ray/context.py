@@ -31,6 +31,7 @@ __all__ = ["RayContext"]
 T = TypeVar("T")
 
 _NOT_ENTERED = "RayContext is not entered: use `async with RayContext():`"
+_DEPRECATED_NUM_WORKERS = "RayContext's num_workers is deprecated: use max_workers"
 
 
 def _seconds(name: str, value: object) -> float | None:
@@ -51,11 +52,7 @@ def _workers(max_workers: int | None, num_workers: int | None) -> int | None:
     check_int("num_workers", num_workers, minimum=1, allow_none=True)
     if max_workers is not None:
         raise TypeError("RayContext takes max_workers or num_workers (deprecated), not both")
-    warnings.warn(
-        "RayContext's num_workers is deprecated: use max_workers",
-        DeprecationWarning,
-        stacklevel=3,
-    )
+    warnings.warn(_DEPRECATED_NUM_WORKERS, DeprecationWarning, stacklevel=3)
     return num_workers
 
 
@@ -142,11 +139,7 @@ class RayContext(StreamingContext):
     @property
     def num_workers(self) -> int | None:
         """Deprecated name of :attr:`max_workers`."""
-        warnings.warn(
-            "RayContext's num_workers is deprecated: use max_workers",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        warnings.warn(_DEPRECATED_NUM_WORKERS, DeprecationWarning, stacklevel=2)
         return self.max_workers
 
     @property
