@@ -3,9 +3,9 @@
 =====================================  ===============================================
 Raised by Ray                          Raised by RayContext (Ray's error as ``__cause__``)
 =====================================  ===============================================
-our own exceptions                     unchanged
 ``ray.exceptions.RayTaskError``        :class:`~programlogic.exceptions.ClientError`:
                                        the client work raised (its error, the clients)
+our own exceptions                     unchanged
 ``ConnectionError`` (``ray.init``)     :class:`~programlogic.exceptions.ClusterConnectionError`
 every other ``RayError``               :class:`~programlogic.exceptions.ProgramLogicError`
                                        saying what could not be done
@@ -49,8 +49,8 @@ Rule = Callable[[Any, str, Sequence[str]], BaseException]
 def _table(ray: Any) -> list[tuple[type[BaseException], Rule]]:
     """The rows of the table, first match wins."""
     return [
+        (ray.exceptions.RayTaskError, _client_work_failed),  # also when it is its cause's kind
         (ProgramLogicError, _unchanged),
-        (ray.exceptions.RayTaskError, _client_work_failed),
         (ray.exceptions.RayError, _ray_failed),
         (ConnectionError, _cluster_unreachable),
         (TypeError, _unchanged),

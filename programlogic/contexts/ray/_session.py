@@ -104,7 +104,7 @@ class RaySession:
             translated = translate(self.ray, error, what)
             if translated is error:
                 raise
-            raise translated from error
+            raise translated from translated.__cause__
 
     async def call(self, what: str, fn: Callable[..., T], /, *args: Any) -> T:
         """``fn(ray, *args)`` on the session's thread; Ray's errors become ours.
@@ -129,7 +129,7 @@ class RaySession:
             translated = translate(self.ray, error, what, client_ids)
             if translated is error:
                 raise
-            raise translated from error
+            raise translated from translated.__cause__
 
     async def check_connection(self) -> None:
         """Raise :class:`ClusterConnectionError` unless the cluster's control service answers."""

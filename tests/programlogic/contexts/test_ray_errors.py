@@ -49,6 +49,15 @@ async def test_client_work_that_raised_is_a_client_error_naming_the_clients() ->
     assert (translated.client_ids, translated.error) == (("a",), cause)
 
 
+async def test_a_client_error_raised_on_an_actor_comes_back_as_it_was_raised() -> None:
+    raised = ClientError(["c3"], ZeroDivisionError("no examples on c3"))
+    error = ray.exceptions.RayTaskError("run_unit", "tb", raised).as_instanceof_cause()
+    assert isinstance(error, ClientError)  # Ray's error is also of its cause's kind
+    translated = translate(ray, error, "compute a unit of work", ["c3"])
+    assert translated is raised
+    assert translated.__cause__ is raised.error
+
+
 async def test_an_unreachable_cluster_is_a_cluster_connection_error() -> None:
     error = ConnectionError("no cluster at 10.0.0.1:6379")
     translated = translate(ray, error, "connect to the Ray cluster at '10.0.0.1:6379'")
