@@ -322,7 +322,7 @@ async def test_errors_of_ray_itself_are_ours_and_a_value_ray_cannot_pickle_a_typ
                     await context.map_clients(slow_when_asked, 1, clients)
             assert caught.value.__cause__ in (error, getattr(error, "cause", None)), type(error)
             raised.append(caught.value)
-        assert str(raised[0]) == (
+        assert str(raised[0]).startswith(
             "RayContext could not put the work of a call in the object store: "
             "ObjectStoreFullError: no room for the broadcast"
         )
