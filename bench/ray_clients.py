@@ -156,7 +156,7 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} is too small: {getattr(arguments, name)}")
     data = make_data(arguments.clients)
     local = anyio.run(run_context, LocalContext(max_workers=2), data, arguments.rounds)
-    ray = anyio.run(run_context, RayContext(num_workers=2), data, arguments.memory_rounds)
+    ray = anyio.run(run_context, RayContext(max_workers=2), data, arguments.memory_rounds)
     figures: dict[str, Any] = {
         "clients_per_round": arguments.clients,
         "local": local,

@@ -178,7 +178,7 @@ async def run(arguments: argparse.Namespace) -> None:
         from programlogic.contexts.ray import RayContext
 
         context: programlogic.FederatedContext = RayContext(
-            arguments.ray_address, num_workers=arguments.workers
+            arguments.ray_address, max_workers=arguments.workers
         )
     else:
         context = LocalContext(max_workers=arguments.workers)

@@ -267,8 +267,8 @@ def probes() -> list[Probe]:
             [
                 ("address", "", ValueError),
                 ("address", 3, TypeError),
-                ("num_workers", 0, ValueError),
-                ("num_workers", "2", TypeError),
+                ("max_workers", 0, ValueError),
+                ("max_workers", "2", TypeError),
                 ("resources_per_worker", [1], TypeError),
                 ("round_deadline", -1, ValueError),
                 ("round_deadline", "5", TypeError),

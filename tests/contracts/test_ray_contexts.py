@@ -35,7 +35,7 @@ class TestRayContext(FederatedContextContract):
 
     @pytest.fixture
     def make_context(self, cluster) -> Callable[[], RayContext]:
-        return lambda: RayContext(cluster.address, num_workers=2)
+        return lambda: RayContext(cluster.address, max_workers=2)
 
     # The base class's own code, which RayContext inherits unchanged: LocalContext's
     # run of the suite covers it, and each Ray test costs a pool of actors.

@@ -276,6 +276,6 @@ async def test_on_ray_a_failure_fails_train_model_alone_and_a_rerun_resumes_to_t
     from programlogic.contexts.ray import RayContext
 
     def make_context() -> FederatedContext:
-        return RayContext(ray_cluster.address, num_workers=2)
+        return RayContext(ray_cluster.address, max_workers=2)
 
     await check_composition("file", failure, make_context, tmp_path, "ray")
