@@ -1,0 +1,130 @@
+"""The checkpoint ``train_model`` saves: old runs stay loadable.
+
+``fixtures/checkpoint_v1`` holds two FileProgramStateManager directories written by
+the code of commit 66698c3, before the checkpoint became a versioned record, with the
+arguments of :func:`train` below (and a state manager per directory):
+``interrupted`` by a ``CrashingStateManager(manager, 4)`` wrapping it, so versions 0-3
+were saved and version 4 never was; ``stopped`` with ``stopping=StopAfterRound(3)``,
+so round 3 is saved with the stop reason ``privacy_budget_exhausted``. The
+``.plstate.lock`` files were deleted. Do not regenerate them: they are what an old run
+left on disk.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from managers import MemoryProgramStateManager, MemoryReleaseManager
+from managers.state.file import FileProgramStateManager
+from programlogic import LocalContext, StopReason, TrainingResult, final_model_key, train_model
+from programlogic.testing import FakeClock, FakeDataSource, FakeLearningProcess
+
+pytestmark = pytest.mark.anyio
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint_v1"
+ROUNDS = 6
+ROUND_DURATION = datetime.timedelta(minutes=1)
+
+
+class StopAfterRound:
+    """A stopping policy that lets no round after ``last`` start."""
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+
+    async def before_round(self, round_num: int) -> StopReason | None:
+        return StopReason("privacy_budget_exhausted") if round_num > self.last else None
+
+    async def after_evaluation(self, round_num: int) -> StopReason | None:
+        return None
+
+
+class RecordingEvaluations:
+    """Records the rounds whose evaluation started, with their start time."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, int] = {}
+
+    async def resume_from_previous_state(self) -> None:
+        pass
+
+    async def start_evaluation(
+        self, train_round: int, start_timestamp: int, model_weights: Any
+    ) -> None:
+        self.started.setdefault(train_round, start_timestamp)
+
+    async def wait_for_evaluations_to_finish(self) -> None:
+        pass
+
+
+class Run:
+    """The releases of one program, and its clock, which starts ``rounds_done`` rounds in."""
+
+    def __init__(self, rounds_done: int = 0) -> None:
+        self.clock = FakeClock()
+        self.clock.advance(rounds_done * ROUND_DURATION)
+        self.metrics = MemoryReleaseManager()
+        self.models = MemoryReleaseManager()
+        self.evaluations = RecordingEvaluations()
+
+    async def train(self, state_manager, stopping=None) -> TrainingResult:
+        async with LocalContext():
+            return await train_model(
+                train_process=FakeLearningProcess(clock=self.clock, round_duration=ROUND_DURATION),
+                train_data_source=FakeDataSource(10),
+                train_per_round_clients=3,
+                train_total_rounds=ROUNDS,
+                program_state_manager=state_manager,
+                model_output_manager=self.models,
+                train_metrics_manager=self.metrics,
+                evaluation_manager=self.evaluations,
+                evaluation_periodicity=datetime.timedelta(minutes=2),
+                clock=self.clock,
+                seed=11,
+                stopping=stopping,
+            )
+
+
+def copy_fixture(name: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(FIXTURES / name, tmp_path / name))
+
+
+async def test_a_run_interrupted_by_older_code_resumes_to_the_uninterrupted_end(
+    tmp_path: Path,
+) -> None:
+    reference = Run()
+    await reference.train(MemoryProgramStateManager())
+    resumed = Run(rounds_done=3)
+    async with FileProgramStateManager(copy_fixture("interrupted", tmp_path)) as state:
+        result = await resumed.train(state)
+        assert (await state.get_versions())[-1] == ROUNDS
+    assert (result.resumed_from, result.round_num) == (3, ROUNDS)
+    assert result.stop_reason is StopReason.COMPLETED
+    expected_metrics = {r: m for r, m in reference.metrics.values().items() if r >= 3}
+    assert resumed.metrics.values() == expected_metrics
+    (weights,) = resumed.models.values().values()
+    np.testing.assert_array_equal(weights, reference.models.values()[final_model_key(ROUNDS)])
+    expected_evaluations = {r: t for r, t in reference.evaluations.started.items() if r >= 3}
+    assert resumed.evaluations.started == expected_evaluations
+
+
+async def test_a_run_stopped_by_older_code_stays_stopped_for_its_reason(tmp_path: Path) -> None:
+    reference = Run()
+    await reference.train(MemoryProgramStateManager(), stopping=StopAfterRound(3))
+    rerun = Run(rounds_done=3)
+    async with FileProgramStateManager(copy_fixture("stopped", tmp_path)) as state:
+        result = await rerun.train(state)
+    assert result.stop_reason == "privacy_budget_exhausted"
+    assert (result.resumed_from, result.round_num) == (3, 3)
+    assert list(rerun.metrics.values()) == [3]
+    assert rerun.models.values().keys() == {final_model_key(3)}
+    np.testing.assert_array_equal(
+        rerun.models.values()[final_model_key(3)], reference.models.values()[final_model_key(3)]
+    )
+    assert rerun.evaluations.started == {3: reference.evaluations.started[3]}
