@@ -6,6 +6,7 @@ release managers (:mod:`managers`, also importable as ``programlogic.managers``)
 ``run`` starts a program from synchronous code, notebooks included.
 """
 
+from programlogic.checkpoint import Checkpoint
 from programlogic.clock import Clock, SystemClock
 from programlogic.context import (
     DroppedClients,
@@ -27,6 +28,7 @@ from programlogic.data import (
 )
 from programlogic.evaluation import EvaluationManager, evaluate_once, evaluation_seed
 from programlogic.exceptions import (
+    CheckpointFormatError,
     ClientError,
     ClusterConnectionError,
     NoFederatedContextError,
@@ -54,6 +56,8 @@ from programlogic.training import (
 
 __all__ = [
     "AnyOf",
+    "Checkpoint",
+    "CheckpointFormatError",
     "ClientError",
     "ClientHandle",
     "ClientSampler",
