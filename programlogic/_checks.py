@@ -1,5 +1,5 @@
 """The checks ``train_model`` makes of what users give it: its arguments, before anything
-starts, and what the learning process and the stopping policy return."""
+starts, and what the learning process returns."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from managers.validation import (
     describe,
 )
 from programlogic.process import LearningProcessOutput
-from programlogic.stopping import StoppingPolicy, StopReason
+from programlogic.stopping import StoppingPolicy
 
-__all__ = ["check_answer", "check_arguments", "check_output", "warn_of_long_waits"]
+__all__ = ["check_arguments", "check_output", "warn_of_long_waits"]
 
 # The warning is train_model's: users filter it under its module's name.
 logger = logging.getLogger("programlogic.training")
@@ -109,15 +109,3 @@ def check_output(output: Any) -> LearningProcessOutput:
             f"metrics), got {type(output).__name__}"
         )
     return output
-
-
-def check_answer(answer: object, hook: str) -> StopReason | None:
-    """A stopping policy's answer to ``hook`` as a StopReason, or None to go on."""
-    if answer is None or isinstance(answer, StopReason):
-        return answer
-    if isinstance(answer, str) and answer:
-        return StopReason(answer)
-    raise TypeError(
-        f"the stopping policy's {hook} must return None or a StopReason, got "
-        f"{type(answer).__name__} {answer!r}"
-    )

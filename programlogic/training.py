@@ -14,9 +14,10 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
-from programlogic._checks import check_answer, check_arguments, check_output, warn_of_long_waits
+from programlogic._checks import check_arguments, check_output, warn_of_long_waits
 from programlogic._persister import Persister
 from programlogic._resume import check_resumable
+from programlogic._stopper import Stopper
 from programlogic.checkpoint import Checkpoint
 from programlogic.clock import Clock, SystemClock
 from programlogic.context import get_context
@@ -190,6 +191,13 @@ async def train_model(
         raise ValueError(f"train_per_round_clients={train_per_round_clients}: {error}") from None
     get_context()  # a clear error outside a federated context
     warn_of_long_waits(stopping, stopping_waits_for_evaluations, evaluation_manager)
+    clock = clock or SystemClock()
+    persister = Persister(
+        process=train_process,
+        state_manager=program_state_manager,
+        metrics_manager=train_metrics_manager,
+        evaluation_manager=evaluation_manager,
+    )
     program = _Program(
         process=train_process,
         iterator=iterator,
@@ -200,14 +208,15 @@ async def train_model(
         model_output_manager=model_output_manager,
         evaluation_manager=evaluation_manager,
         periodicity=periodicity,
-        clock=clock or SystemClock(),
-        stopping=stopping,
-        stopping_waits=stopping_waits_for_evaluations,
-        persister=Persister(
-            process=train_process,
-            state_manager=program_state_manager,
-            metrics_manager=train_metrics_manager,
+        clock=clock,
+        persister=persister,
+        stopper=Stopper(
+            stopping=stopping,
+            waits=stopping_waits_for_evaluations,
+            total_rounds=train_total_rounds,
             evaluation_manager=evaluation_manager,
+            persister=persister,
+            clock=clock,
         ),
     )
     return await program.run()
@@ -251,9 +260,8 @@ class _Program:
     evaluation_manager: EvaluationManagerProtocol | None
     periodicity: int | datetime.timedelta
     clock: Clock
-    stopping: StoppingPolicy | None
-    stopping_waits: bool
     persister: Persister
+    stopper: Stopper
 
     async def run(self) -> TrainingResult:
         """Train from the initial state or the newest checkpoint to the last round."""
@@ -310,11 +318,11 @@ class _Program:
         if loaded is None:
             logger.info("starting training from the initial state")
             checkpoint = self._checkpoint(initial_state, 0, None, last_evaluation=None)
-            await self._ask_before_round(checkpoint)
+            await self.stopper.before_round(checkpoint)
             await self.persister.persist(checkpoint)
             return checkpoint
         logger.info("resuming training after round %d", loaded.round_num)
-        await self._ask_before_round(loaded)  # not saved again: its version exists
+        await self.stopper.before_round(loaded)  # not saved again: its version exists
         await self.persister.release_again(loaded)
         return loaded
 
@@ -331,7 +339,7 @@ class _Program:
             checkpoint = self._checkpoint(
                 output.state, round_num, output.metrics, checkpoint.last_evaluation
             )
-            await self._ask_policy(checkpoint)
+            await self.stopper.after_round(checkpoint)
             await persister.send(checkpoint)
         return checkpoint
 
@@ -372,50 +380,6 @@ class _Program:
             evaluation_due=due,
             last_evaluation=last_evaluation,
         )
-
-    async def _ask_policy(self, checkpoint: Checkpoint) -> None:
-        """Ask the stopping policy whether the round of ``checkpoint``, not saved yet, is
-        the last."""
-        await self._ask_after_evaluation(checkpoint)
-        await self._ask_before_round(checkpoint)
-
-    async def _ask_after_evaluation(self, checkpoint: Checkpoint) -> None:
-        """Ask ``after_evaluation``; in the waiting mode, once the round's evaluation has
-        finished."""
-        round_num = checkpoint.round_num
-        if self.stopping is None or round_num >= self.total_rounds:
-            return
-        if self.stopping_waits:
-            if not checkpoint.evaluation_due or self.evaluation_manager is None:
-                return
-            await self.persister.start_evaluation(checkpoint)
-            await self.evaluation_manager.wait_for_evaluations_to_finish()
-        reason = await self.stopping.after_evaluation(round_num)
-        self._stop(checkpoint, check_answer(reason, "after_evaluation"))
-
-    async def _ask_before_round(self, checkpoint: Checkpoint) -> None:
-        """Ask ``before_round``: may the round after ``checkpoint``'s start?"""
-        round_num = checkpoint.round_num
-        if (
-            self.stopping is None
-            or checkpoint.stop_reason is not None
-            or round_num >= self.total_rounds
-        ):
-            return
-        reason = await self.stopping.before_round(round_num + 1)
-        self._stop(checkpoint, check_answer(reason, "before_round"))
-
-    def _stop(self, checkpoint: Checkpoint, reason: StopReason | None) -> None:
-        """Make the round of ``checkpoint`` the last, for ``reason``; evaluate it."""
-        if reason is None:
-            return
-        logger.info(
-            "the stopping policy stopped training at round %d: %s", checkpoint.round_num, reason
-        )
-        checkpoint.stop_reason = reason
-        if self.evaluation_manager is not None and not checkpoint.evaluation_due:
-            checkpoint.evaluation_due = True
-            checkpoint.last_evaluation = int(self.clock.now().timestamp())
 
     async def _release_final(self, checkpoint: Checkpoint) -> None:
         """Release the final model: the weights of ``checkpoint``'s round."""
