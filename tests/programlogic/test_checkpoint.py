@@ -1,4 +1,4 @@
-"""The checkpoint ``train_model`` saves: old runs stay loadable.
+"""The checkpoint ``train_model`` saves is a versioned record: old runs stay loadable.
 
 ``fixtures/checkpoint_v1`` holds two FileProgramStateManager directories written by
 the code of commit 66698c3, before the checkpoint became a versioned record, with the
@@ -22,7 +22,17 @@ import pytest
 
 from managers import MemoryProgramStateManager, MemoryReleaseManager
 from managers.state.file import FileProgramStateManager
-from programlogic import LocalContext, StopReason, TrainingResult, final_model_key, train_model
+from programlogic import (
+    Checkpoint,
+    CheckpointFormatError,
+    LocalContext,
+    ResumeError,
+    StopReason,
+    TrainingResult,
+    final_model_key,
+    train_model,
+)
+from programlogic.checkpoint import FORMAT_VERSION, READABLE_VERSIONS
 from programlogic.testing import FakeClock, FakeDataSource, FakeLearningProcess
 
 pytestmark = pytest.mark.anyio
@@ -128,3 +138,60 @@ async def test_a_run_stopped_by_older_code_stays_stopped_for_its_reason(tmp_path
         rerun.models.values()[final_model_key(3)], reference.models.values()[final_model_key(3)]
     )
     assert rerun.evaluations.started == {3: reference.evaluations.started[3]}
+
+
+async def test_a_checkpoint_of_older_code_reads_as_the_record() -> None:
+    async with FileProgramStateManager(FIXTURES / "stopped") as state:
+        saved = await state.load(3)
+    checkpoint = Checkpoint.from_saved(saved, 3)
+    assert (checkpoint.round_num, checkpoint.per_round_clients) == (3, 3)
+    assert checkpoint.stop_reason is StopReason("privacy_budget_exhausted")
+    assert checkpoint.evaluation_due and checkpoint.last_evaluation == 1767225780
+    assert checkpoint.train_state["rounds"] == 3
+    assert checkpoint.format_version == FORMAT_VERSION
+
+
+async def test_a_checkpoint_round_trips_through_a_state_manager() -> None:
+    checkpoint = Checkpoint(
+        train_state={"weights": [1.5, 2.5], "rounds": 4},
+        round_num=4,
+        metrics={"loss": 0.25},
+        sampler={"seed": 3, "sampling": "uniform"},
+        per_round_clients=2,
+        evaluation_due=True,
+        last_evaluation=1767225600,
+        stop_reason=StopReason.EARLY_STOPPED,
+    )
+    state = MemoryProgramStateManager()
+    await state.save(checkpoint.to_saved(), 4)
+    assert Checkpoint.from_saved(await state.load(4), 4) == checkpoint
+    assert (await state.load(4))["format_version"] == FORMAT_VERSION
+
+
+async def test_a_checkpoint_from_before_stop_reasons_reads_as_early_stopped() -> None:
+    saved = Checkpoint(train_state=1, round_num=2, metrics=None, sampler={}, per_round_clients=1)
+    legacy = {**saved.to_saved(), "stopped": True}
+    del legacy["stop_reason"], legacy["format_version"]
+    assert Checkpoint.from_saved(legacy, 2).stop_reason is StopReason.EARLY_STOPPED
+    del legacy["stopped"]
+    assert Checkpoint.from_saved(legacy, 2).stop_reason is None
+
+
+async def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(
+    tmp_path: Path,
+) -> None:
+    async with FileProgramStateManager(copy_fixture("interrupted", tmp_path)) as state:
+        newer = {**(await state.load(3)), "format_version": 2, "renamed": "round"}
+        await state.remove(3)
+        await state.save(newer, 3)
+        run = Run(rounds_done=3)
+        with pytest.raises(
+            CheckpointFormatError,
+            match=r"^version 3 of the program state manager holds a checkpoint in format "
+            r"version 2; this code reads format versions 1; resume it with a newer",
+        ) as raised:
+            await run.train(state)
+        assert (await state.get_versions())[-1] == 3
+    assert isinstance(raised.value, ResumeError)
+    assert (raised.value.found, raised.value.readable) == (2, READABLE_VERSIONS)
+    assert run.metrics.values() == {} and run.evaluations.started == {}
