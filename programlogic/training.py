@@ -112,7 +112,8 @@ async def train_model(
 
     1. selects ``train_per_round_clients`` clients, a pure function of ``(seed, r)``;
     2. runs ``train_process.next``;
-    3. saves the program state as version ``r``: the train state, the round, the
+    3. saves the program state as version ``r``: a
+       :class:`~programlogic.checkpoint.Checkpoint` of the train state, the round, the
        sampler's description, the evaluation clock, and the round's metrics;
     4. releases the metrics to ``train_metrics_manager`` with key ``r``;
     5. starts an evaluation of the round's model when it is due (every
@@ -142,7 +143,9 @@ async def train_model(
     first: a checkpoint written with another seed, number of clients per round or
     sampler (the data source's ``describe()``, compared as an opaque value; for a dict,
     the differing keys are named) raises :class:`~programlogic.exceptions.ResumeError`
-    naming what differs, before any evaluation is resumed. Then the evaluations in
+    naming what differs, and a checkpoint in a format this code does not read (written
+    by a newer version) raises :class:`~programlogic.exceptions.CheckpointFormatError`,
+    both before any evaluation is resumed. Then the evaluations in
     flight are resumed, the loaded round's metrics are released again and its
     evaluation started again (releases are idempotent by key, starting an evaluation
     twice is a no-op), so a crash right after a save loses nothing; training continues
