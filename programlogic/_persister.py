@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -14,13 +14,10 @@ from managers.values import materialize
 from programlogic.checkpoint import Checkpoint
 from programlogic.process import LearningProcess, as_async
 
+if TYPE_CHECKING:
+    from programlogic.training import EvaluationManagerProtocol
+
 __all__ = ["Persister"]
-
-
-class _StartsEvaluations(Protocol):
-    async def start_evaluation(
-        self, train_round: int, start_timestamp: int, model_weights: Any
-    ) -> None: ...
 
 
 @dataclasses.dataclass
@@ -35,7 +32,7 @@ class Persister:
     process: LearningProcess
     state_manager: ProgramStateManager
     metrics_manager: ReleaseManager | None
-    evaluation_manager: _StartsEvaluations | None
+    evaluation_manager: EvaluationManagerProtocol | None
     persisted_round: int = -1
     _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from programlogic._persister import Persister
 from programlogic.checkpoint import Checkpoint
 from programlogic.clock import Clock
 from programlogic.stopping import StoppingPolicy, StopReason
+
+if TYPE_CHECKING:
+    from programlogic.training import EvaluationManagerProtocol
 
 __all__ = ["Stopper"]
 
@@ -30,7 +33,7 @@ class Stopper:
     stopping: StoppingPolicy | None
     waits: bool
     total_rounds: int
-    evaluation_manager: Any
+    evaluation_manager: EvaluationManagerProtocol | None
     persister: Persister
     clock: Clock
 
