@@ -330,7 +330,7 @@ class _Program:
         return loaded
 
     async def _train_rounds(
-        self, checkpoint: Checkpoint, persister: MemoryObjectSendStream[Checkpoint]
+        self, checkpoint: Checkpoint, to_persister: MemoryObjectSendStream[Checkpoint]
     ) -> Checkpoint:
         """Train the rounds after ``checkpoint``'s, handing each to the persister; returns
         the last round's checkpoint."""
@@ -343,7 +343,7 @@ class _Program:
                 output.state, round_num, output.metrics, checkpoint.last_evaluation
             )
             await self.stopper.after_round(checkpoint)
-            await persister.send(checkpoint)
+            await to_persister.send(checkpoint)
         return checkpoint
 
     def _select(self, round_num: int) -> Sequence[ClientHandle]:
