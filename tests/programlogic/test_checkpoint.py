@@ -140,8 +140,8 @@ async def test_a_run_stopped_by_older_code_stays_stopped_for_its_reason(tmp_path
     assert rerun.evaluations.started == {3: reference.evaluations.started[3]}
 
 
-async def test_a_checkpoint_of_older_code_reads_as_the_record() -> None:
-    async with FileProgramStateManager(FIXTURES / "stopped") as state:
+async def test_a_checkpoint_of_older_code_reads_as_the_record(tmp_path: Path) -> None:
+    async with FileProgramStateManager(copy_fixture("stopped", tmp_path)) as state:
         saved = await state.load(3)
     checkpoint = Checkpoint.from_saved(saved, 3)
     assert (checkpoint.round_num, checkpoint.per_round_clients) == (3, 3)
