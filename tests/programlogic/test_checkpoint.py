@@ -1,13 +1,13 @@
 """The checkpoint ``train_model`` saves is a versioned record: old runs stay loadable.
 
-``fixtures/checkpoint_v1`` holds two FileProgramStateManager directories written by
-the code of commit 66698c3, before the checkpoint became a versioned record, with the
-arguments of :func:`train` below (and a state manager per directory):
-``interrupted`` by a ``CrashingStateManager(manager, 4)`` wrapping it, so versions 0-3
-were saved and version 4 never was; ``stopped`` with ``stopping=StopAfterRound(3)``,
-so round 3 is saved with the stop reason ``privacy_budget_exhausted``. The
-``.plstate.lock`` files were deleted. Do not regenerate them: they are what an old run
-left on disk.
+How ``fixtures/checkpoint_v1`` was made: two runs of ``Run().train(state_manager)``
+below, with the code of commit 66698c3 (before the checkpoint became a versioned
+record), each on a ``FileProgramStateManager`` of its own directory. ``interrupted``:
+through ``CrashingStateManager(manager, 4)``, so versions 0-3 were saved and version 4
+never was. ``stopped``: with ``stopping=StopAfterRound(3)``, so round 3 is saved with
+the stop reason ``privacy_budget_exhausted``. The ``.plstate.lock`` files were then
+deleted. Never regenerate them, and open only copies: they are what an old run left on
+disk.
 """
 
 from __future__ import annotations
