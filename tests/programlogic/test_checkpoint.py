@@ -168,6 +168,14 @@ async def test_a_checkpoint_round_trips_through_a_state_manager() -> None:
     assert (await state.load(4))["format_version"] == FORMAT_VERSION
 
 
+async def test_a_field_added_compatibly_by_newer_code_is_ignored() -> None:
+    checkpoint = Checkpoint(
+        train_state=1, round_num=2, metrics=None, sampler={}, per_round_clients=1
+    )
+    with_new_field = {**checkpoint.to_saved(), "run_fingerprint": "4f2a"}
+    assert Checkpoint.from_saved(with_new_field, 2) == checkpoint
+
+
 async def test_a_checkpoint_from_before_stop_reasons_reads_as_early_stopped() -> None:
     saved = Checkpoint(train_state=1, round_num=2, metrics=None, sampler={}, per_round_clients=1)
     legacy = {**saved.to_saved(), "stopped": True}
