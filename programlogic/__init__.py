@@ -7,6 +7,7 @@ release managers (:mod:`managers`, also importable as ``programlogic.managers``)
 """
 
 from programlogic._deprecation import moved_names
+from programlogic.checkpoint import Checkpoint
 from programlogic.context import (
     DroppedClients,
     FederatedContext,
@@ -31,6 +32,7 @@ from programlogic.data import (
 )
 from programlogic.evaluation import EvaluationManager, evaluate_once
 from programlogic.exceptions import (
+    CheckpointFormatError,
     ClientError,
     ClusterConnectionError,
     NoFederatedContextError,
@@ -59,6 +61,8 @@ from programlogic.training import (
 __all__ = [
     "AllClientsDataSource",
     "AnyOf",
+    "Checkpoint",
+    "CheckpointFormatError",
     "ClientError",
     "ClientHandle",
     "ClientSampler",

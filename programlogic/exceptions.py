@@ -8,6 +8,7 @@
      ├── NotEnoughClientsError                        fewer than min_clients finished a round
      ├── ClusterConnectionError (also ConnectionError) the cluster of a context is gone
      └── ResumeError (also ValueError)                a checkpoint written by another config
+          └── CheckpointFormatError                   a checkpoint format this code cannot read
 
     SimulatedCrash (programlogic.testing)            the crash a testing fake injects
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CheckpointFormatError",
     "ClientError",
     "ClusterConnectionError",
     "NoFederatedContextError",
@@ -61,6 +63,22 @@ class ClientError(ProgramLogicError):
 
 class ResumeError(ProgramLogicError, ValueError):
     """The saved program state was written by a run with another configuration."""
+
+
+class CheckpointFormatError(ResumeError):
+    """A checkpoint is in a format version this code does not read (written by newer code).
+
+    ``version``: the program state manager's version that holds it; ``found``: its
+    format version; ``readable``: the format versions this code reads.
+    """
+
+    def __init__(self, version: int, found: object, readable: Sequence[int]) -> None:
+        self.version, self.found, self.readable = version, found, tuple(readable)
+        super().__init__(
+            f"version {version} of the program state manager holds a checkpoint in format "
+            f"version {found!r}; this code reads format versions "
+            f"{', '.join(map(str, self.readable))}; resume it with a newer programlogic"
+        )
 
 
 class NotEnoughClientsError(ProgramLogicError):

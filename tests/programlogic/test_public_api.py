@@ -44,6 +44,7 @@ async def test_the_top_level_exports_what_users_need() -> None:
 
 async def test_every_public_class_and_function_of_the_package_is_exported() -> None:
     modules = [
+        programlogic.checkpoint,
         programlogic.context,
         programlogic.contexts.local,
         programlogic.data,

@@ -1,0 +1,83 @@
+"""What ``train_model`` does with a trained round: save its checkpoint, then release it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from managers.release.base import ReleaseManager
+from managers.state.base import ProgramStateManager
+from managers.values import materialize
+from programlogic.checkpoint import Checkpoint
+from programlogic.process import LearningProcess, as_async
+
+if TYPE_CHECKING:
+    from programlogic.training import EvaluationManagerProtocol
+
+__all__ = ["Persister"]
+
+
+@dataclasses.dataclass
+class Persister:
+    """Saves checkpoints in order and makes each round's releases after its save.
+
+    A round's metrics go to ``metrics_manager`` with the round as key, and its
+    evaluation is started when it is due. ``persisted_round`` is the newest round whose
+    save and releases are done.
+    """
+
+    process: LearningProcess
+    state_manager: ProgramStateManager
+    metrics_manager: ReleaseManager | None
+    evaluation_manager: EvaluationManagerProtocol | None
+    persisted_round: int = -1
+    _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+
+    async def persist(self, checkpoint: Checkpoint) -> None:
+        """Save ``checkpoint``, then make its releases."""
+        # Only what the process returned can hold value references.
+        train_state, metrics = await materialize((checkpoint.train_state, checkpoint.metrics))
+        saved = dataclasses.replace(checkpoint, train_state=train_state, metrics=metrics)
+        await self.state_manager.save(saved.to_saved(), saved.round_num)
+        await self._release(saved)
+        self._persisted(saved.round_num)
+
+    async def persist_each(self, checkpoints: MemoryObjectReceiveStream[Checkpoint]) -> None:
+        """Persist the checkpoints in the order they arrive, until the sending end closes."""
+        async for checkpoint in checkpoints:
+            await self.persist(checkpoint)
+
+    async def release_again(self, checkpoint: Checkpoint) -> None:
+        """Make the releases of ``checkpoint``, saved by an earlier run, once more."""
+        await self._release(checkpoint)
+        self._persisted(checkpoint.round_num)
+
+    async def wait_until_persisted(self, round_num: int) -> None:
+        """Wait until round ``round_num`` (or a later one) is saved and released."""
+        while self.persisted_round < round_num:
+            await self._progress.wait()
+
+    async def start_evaluation(self, checkpoint: Checkpoint) -> None:
+        """Start evaluating the round of ``checkpoint``; a no-op if started before."""
+        if self.evaluation_manager is None:
+            return
+        get_weights = as_async(self.process.get_model_weights)
+        weights = await materialize(await get_weights(checkpoint.train_state))
+        await self.evaluation_manager.start_evaluation(
+            checkpoint.round_num, checkpoint.last_evaluation, weights
+        )
+
+    async def _release(self, checkpoint: Checkpoint) -> None:
+        """Release a saved round's metrics and start its evaluation if it was due."""
+        if checkpoint.round_num > 0 and self.metrics_manager is not None:
+            await self.metrics_manager.release(checkpoint.metrics, checkpoint.round_num)
+        if checkpoint.evaluation_due:
+            await self.start_evaluation(checkpoint)
+
+    def _persisted(self, round_num: int) -> None:
+        self.persisted_round = round_num
+        self._progress.set()
+        self._progress = anyio.Event()
