@@ -10,11 +10,11 @@ import pytest
 from managers.release.base import ReleaseKey, ReleaseManager
 from programlogic.testing.contracts._base import cancel_after
 from programlogic.testing.contracts.release._support import (
-    DiskFull,
     Failing,
     Gated,
     Later,
     ReleaseSubject,
+    _DiskFull,
     held_by,
     holds,
 )
@@ -31,9 +31,9 @@ class FailureTests:
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
         await manager.release({"loss": 1.0}, 1)
-        with pytest.raises(DiskFull, match="disk full"):
+        with pytest.raises(_DiskFull, match="disk full"):
             await manager.release({"loss": Failing()}, 2)
-        with pytest.raises(DiskFull, match="disk full"):
+        with pytest.raises(_DiskFull, match="disk full"):
             await manager.release({"loss": Failing(), "accuracy": 0.5}, 1)
         await holds(subject, {1: {"loss": 1.0}})
 
@@ -44,7 +44,7 @@ class FailureTests:
         failures: list[BaseException] = []
 
         async def release_failing() -> None:
-            with pytest.raises(DiskFull) as raised:
+            with pytest.raises(_DiskFull) as raised:
                 await manager.release({"loss": Failing()}, 1)
             failures.append(raised.value)
 

@@ -17,7 +17,6 @@ from managers.release.base import ReleaseKey, ReleaseManager
 
 __all__ = [
     "Capabilities",
-    "DiskFull",
     "Failing",
     "Gated",
     "Later",
@@ -91,16 +90,16 @@ class Gated:
         return self.value
 
 
-class DiskFull(OSError):
+class _DiskFull(OSError):
     """What :class:`Failing` raises."""
 
 
 class Failing:
-    """A value reference whose materialization fails with :class:`DiskFull`."""
+    """A value reference whose materialization fails with :class:`_DiskFull`."""
 
     async def get_value(self) -> Any:
         await anyio.lowlevel.checkpoint()
-        raise DiskFull("disk full")
+        raise _DiskFull("disk full")
 
 
 def needs_idempotency(subject: ReleaseSubject) -> None:
