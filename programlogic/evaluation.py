@@ -7,12 +7,12 @@ import datetime
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio
 
 from managers.clock import Clock, SystemClock
+from managers.closing import AsyncClosing
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.validation import (
@@ -46,7 +46,7 @@ def _evaluation_name(train_round: int) -> str:
     return f"evaluation_of_round_{train_round}"
 
 
-class EvaluationManager:
+class EvaluationManager(AsyncClosing):
     """Forks an evaluation loop per evaluated training round, and resumes them after a restart.
 
     - ``data_source``: the evaluation clients; each evaluation round samples
@@ -232,17 +232,6 @@ class EvaluationManager:
             for _, stopped in running:
                 await stopped.wait()
         self._tasks.clear()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def _fork(self, train_round: int, start: int) -> None:
         task = await get_context().background.start(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import abc
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
+
+from managers.closing import AsyncClosing
 
 __all__ = ["ReleaseKey", "ReleaseManager", "check_key"]
 
@@ -12,7 +13,7 @@ ReleaseKey = int | str
 """A release key: an ``int`` (usually a round number) or a ``str`` (a named release)."""
 
 
-class ReleaseManager(abc.ABC):
+class ReleaseManager(AsyncClosing, abc.ABC):
     """Publishes values (metrics, models) of a running program under keys.
 
     A program releases each round's metrics with ``key`` = round number and its final
@@ -55,17 +56,6 @@ class ReleaseManager(abc.ABC):
 
     async def aclose(self) -> None:
         """Release what the manager holds; the default holds nothing."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def check_key(key: object) -> ReleaseKey:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import abc
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from managers.closing import AsyncClosing
 from managers.exceptions import VersionError, VersionExistsError
 
 __all__ = ["ProgramStateManager", "check_version"]
 
 
-class ProgramStateManager(abc.ABC):
+class ProgramStateManager(AsyncClosing, abc.ABC):
     """Saves and loads versions of a program's state: the checkpoints of a training run.
 
     A program saves its state after every round (``version`` = round number) and, when
@@ -85,17 +85,6 @@ class ProgramStateManager(abc.ABC):
 
     async def aclose(self) -> None:
         """Release what the manager holds; the default holds nothing."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 def check_version(version: object, *, newest: int | None, exists: bool) -> int:
