@@ -502,11 +502,17 @@ async def test_a_lost_cluster_fails_training_clearly_and_a_rerun_resumes(
         )
         doomed.shutdown()
     report += (tmp_path / "lost.stderr").read_text(errors="replace")[-3000:]
-    assert reached_round_3 and recorded, f"the driver exited with {lost.returncode}:\n{report}"
+    assert reached_round_3, f"the driver exited with {lost.returncode}:\n{report}"
     assert lost.returncode != 0
-    failure = json.loads(outcome.read_text())
-    assert failure["error"] == "ClusterConnectionError", failure
-    assert failure["message"].startswith("lost the connection to the Ray cluster"), failure
+    if recorded:
+        failure = json.loads(outcome.read_text())
+        assert failure["error"] == "ClusterConnectionError", failure
+        assert failure["message"].startswith("lost the connection to the Ray cluster"), failure
+    else:
+        # The known limit (README, Ray's known limits): a driver that is inside a call of
+        # Ray when the control service dies is ended by Ray itself after 60 s, before
+        # the context's check has run. Seen once in CI; the rerun must resume all the same.
+        assert "Failed to connect to GCS" in report, report
 
     rerun = await anyio.run_process(
         [*command, cluster.address, str(state_dir), "2", str(outcome)],
