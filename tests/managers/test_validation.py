@@ -58,7 +58,11 @@ async def test_a_choice_comes_back_as_the_member_it_equals() -> None:
     [
         (lambda: check_int("n", True), TypeError, "n must be an int, got bool True"),
         (lambda: check_int("n", 2.0, minimum=1), TypeError, "n must be an int >= 1, got float 2.0"),
-        (lambda: check_int("n", np.int64(2)), TypeError, "n must be an int, got int64 np.int64(2)"),
+        (
+            lambda: check_int("n", np.int64(2)),
+            TypeError,
+            f"n must be an int, got int64 {np.int64(2)!r}",
+        ),
         (lambda: check_int("n", 0, minimum=1), ValueError, "n must be an int >= 1, got 0"),
         (
             lambda: check_int("n", 9, minimum=1, maximum=5, allow_none=True),

@@ -1,4 +1,5 @@
 import importlib
+import importlib.metadata
 import inspect
 import re
 import subprocess
@@ -90,6 +91,18 @@ async def test_importing_programlogic_never_imports_the_optional_tff_backend() -
     assert done.stdout.strip() == "[]"
 
 
+def _keras_3_installed() -> bool:
+    try:
+        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+NEEDS_LEARNING = pytest.mark.skipif(
+    not _keras_3_installed(), reason="programlogic.learning needs Keras 3 (the learning extra)"
+)
+
+
 @pytest.mark.parametrize(
     ("module", "former", "path"),
     [
@@ -105,20 +118,23 @@ async def test_importing_programlogic_never_imports_the_optional_tff_backend() -
             "programlogic.datasets.emnist.HDF5ClientLoader",
         ),
         ("programlogic.datasets", "writer_forms", "programlogic.datasets.digits.writer_forms"),
-        (
+        pytest.param(
             "programlogic.learning",
             "MAX_CLIENTS_PER_GROUP",
             "programlogic.learning.fed_avg.MAX_CLIENTS_PER_GROUP",
+            marks=NEEDS_LEARNING,
         ),
-        (
+        pytest.param(
             "programlogic.learning",
             "plan_group_size",
             "programlogic.learning.fed_avg.plan_group_size",
+            marks=NEEDS_LEARNING,
         ),
-        (
+        pytest.param(
             "programlogic.learning",
             "SUPPORTED_METRICS",
             "programlogic.learning.keras_model.SUPPORTED_METRICS",
+            marks=NEEDS_LEARNING,
         ),
     ],
 )
