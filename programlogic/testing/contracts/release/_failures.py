@@ -8,11 +8,9 @@ import anyio
 import pytest
 
 from managers.release.base import ReleaseKey, ReleaseManager
+from managers.testing import FakeValueReference
 from programlogic.testing.contracts._base import cancel_after
 from programlogic.testing.contracts.release._support import (
-    Failing,
-    Gated,
-    Later,
     ReleaseSubject,
     _DiskFull,
     held_by,
@@ -32,9 +30,11 @@ class FailureTests:
     ) -> None:
         await manager.release({"loss": 1.0}, 1)
         with pytest.raises(_DiskFull, match="disk full"):
-            await manager.release({"loss": Failing()}, 2)
+            await manager.release({"loss": FakeValueReference(error=_DiskFull("disk full"))}, 2)
         with pytest.raises(_DiskFull, match="disk full"):
-            await manager.release({"loss": Failing(), "accuracy": 0.5}, 1)
+            await manager.release(
+                {"loss": FakeValueReference(error=_DiskFull("disk full")), "accuracy": 0.5}, 1
+            )
         await holds(subject, {1: {"loss": 1.0}})
 
     async def test_a_later_failed_release_of_a_key_leaves_an_earlier_overlapping_one(
@@ -45,11 +45,13 @@ class FailureTests:
 
         async def release_failing() -> None:
             with pytest.raises(_DiskFull) as raised:
-                await manager.release({"loss": Failing()}, 1)
+                await manager.release({"loss": FakeValueReference(error=_DiskFull("disk full"))}, 1)
             failures.append(raised.value)
 
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.release, {"loss": Gated(gate, 0.25)}, 1)
+            group.start_soon(
+                manager.release, {"loss": FakeValueReference(0.25, gate=gate, delay=0)}, 1
+            )
             await anyio.wait_all_tasks_blocked()
             group.start_soon(release_failing)
             await anyio.wait_all_tasks_blocked()
@@ -66,10 +68,12 @@ class FailureTests:
         str_keys = [f"s{key}" for key in range(count)] if subject.capabilities.str_keys else []
         async with anyio.create_task_group() as group:
             for key in range(count):
-                value = {"round": Later(key, delay=(key * 7) % 5), "half": key / 2}
+                value = {"round": FakeValueReference(key, delay=(key * 7) % 5), "half": key / 2}
                 group.start_soon(manager.release, value, key)
             for index, key in enumerate(str_keys):
-                group.start_soon(manager.release, {"index": Later(index, delay=index % 3)}, key)
+                group.start_soon(
+                    manager.release, {"index": FakeValueReference(index, delay=index % 3)}, key
+                )
         expected: dict[ReleaseKey, Any] = {
             key: {"round": key, "half": key / 2} for key in range(count)
         }
@@ -84,7 +88,9 @@ class FailureTests:
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as group:
                     group.start_soon(cancel_after, scope, key - 1)
-                    await manager.release({"loss": Later(key / 4, delay=2), "round": key}, key)
+                    await manager.release(
+                        {"loss": FakeValueReference(key / 4, delay=2), "round": key}, key
+                    )
         held = await held_by(subject)
         assert 0 in held
         assert set(held) <= set(range(16))

@@ -8,9 +8,8 @@ import anyio
 import pytest
 
 from managers.release.base import ReleaseManager
+from managers.testing import FakeValueReference
 from programlogic.testing.contracts.release._support import (
-    Gated,
-    Later,
     ReleaseSubject,
     holds,
     needs_idempotency,
@@ -104,9 +103,11 @@ class KeyTests:
         needs_idempotency(subject)
         gate = anyio.Event()
         async with anyio.create_task_group() as group:
-            group.start_soon(manager.release, {"loss": Gated(gate, 0.25)}, 1)
+            group.start_soon(
+                manager.release, {"loss": FakeValueReference(0.25, gate=gate, delay=0)}, 1
+            )
             await anyio.wait_all_tasks_blocked()
-            group.start_soon(manager.release, {"loss": Later(0.75)}, 1)
+            group.start_soon(manager.release, {"loss": FakeValueReference(0.75)}, 1)
             await anyio.wait_all_tasks_blocked()
             gate.set()
         await holds(subject, {1: {"loss": 0.75}})

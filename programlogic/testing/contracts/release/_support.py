@@ -8,8 +8,6 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-import anyio
-import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -17,9 +15,6 @@ from managers.release.base import ReleaseKey, ReleaseManager
 
 __all__ = [
     "Capabilities",
-    "Failing",
-    "Gated",
-    "Later",
     "ReleaseSubject",
     "held_by",
     "holds",
@@ -65,41 +60,8 @@ class ReleaseSubject(NamedTuple):
     when the storage does not outlive its manager (memory, logs)."""
 
 
-class Later:
-    """A value reference whose value is ready after ``delay`` scheduling points."""
-
-    def __init__(self, value: Any, delay: int = 1) -> None:
-        self.value = value
-        self.delay = delay
-
-    async def get_value(self) -> Any:
-        for _ in range(self.delay):
-            await anyio.lowlevel.checkpoint()
-        return self.value
-
-
-class Gated:
-    """A value reference whose value is ready once ``gate`` is set."""
-
-    def __init__(self, gate: anyio.Event, value: Any) -> None:
-        self.gate = gate
-        self.value = value
-
-    async def get_value(self) -> Any:
-        await self.gate.wait()
-        return self.value
-
-
 class _DiskFull(OSError):
-    """What :class:`Failing` raises."""
-
-
-class Failing:
-    """A value reference whose materialization fails with :class:`_DiskFull`."""
-
-    async def get_value(self) -> Any:
-        await anyio.lowlevel.checkpoint()
-        raise _DiskFull("disk full")
+    """What a failing value reference of the suite raises."""
 
 
 def needs_idempotency(subject: ReleaseSubject) -> None:

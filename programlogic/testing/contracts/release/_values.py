@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from managers.release.base import ReleaseManager
-from programlogic.testing.contracts.release._support import Later, ReleaseSubject, holds
+from managers.testing import FakeValueReference
+from programlogic.testing.contracts.release._support import ReleaseSubject, holds
 
 __all__ = ["ValueTests"]
 
@@ -42,13 +43,13 @@ class ValueTests:
     ) -> None:
         await manager.release(
             {
-                "loss": Later(0.25),
-                "nested": {"accuracy": Later(0.75), "count": 3},
-                "ids": [Later(1)],
+                "loss": FakeValueReference(0.25),
+                "nested": {"accuracy": FakeValueReference(0.75), "count": 3},
+                "ids": [FakeValueReference(1)],
             },
             4,
         )
-        await manager.release(Later(0.5, delay=3), 100)
+        await manager.release(FakeValueReference(0.5, delay=3), 100)
         await holds(
             subject,
             {4: {"loss": 0.25, "nested": {"accuracy": 0.75, "count": 3}, "ids": [1]}, 100: 0.5},
@@ -58,8 +59,8 @@ class ValueTests:
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
         value = {
-            "metrics": _Metrics(loss=Later(0.5), accuracy=0.25),
-            "summary": _Summary(Later(3)),
+            "metrics": _Metrics(loss=FakeValueReference(0.5), accuracy=0.25),
+            "summary": _Summary(FakeValueReference(3)),
         }
         await manager.release(value, 1)
         expected = {"metrics": _Metrics(loss=0.5, accuracy=0.25), "summary": _Summary(rounds=3)}
@@ -68,7 +69,10 @@ class ValueTests:
     async def test_arrays_are_held_or_refused_naming_their_path(
         self, subject: ReleaseSubject, manager: ReleaseManager
     ) -> None:
-        value = {"weights": Later(np.arange(3.0)), "bias": np.ones(2, dtype=np.float32)}
+        value = {
+            "weights": FakeValueReference(np.arange(3.0)),
+            "bias": np.ones(2, dtype=np.float32),
+        }
         if not subject.capabilities.arrays:
             with pytest.raises(TypeError, match=r"'weights'.* array of shape \(3,\)"):
                 await manager.release(value, 1)
