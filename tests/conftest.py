@@ -6,6 +6,8 @@ silently runs under one backend only.
 """
 
 import inspect
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -32,3 +34,14 @@ def _inner(item: pytest.Function) -> object:
     """The test's own function, under a hypothesis wrapper if there is one."""
     hypothesis = getattr(item.function, "hypothesis", None)
     return getattr(hypothesis, "inner_test", item.function)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A local Ray cluster of two nodes of 1 CPU each, one per test module that uses it."""
+    cluster_utils = pytest.importorskip("ray.cluster_utils")
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()

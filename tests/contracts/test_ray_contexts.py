@@ -9,7 +9,6 @@ from collections.abc import Callable
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 import programlogic.testing.contracts.context as context_contract  # noqa: E402
 from programlogic.contexts.ray import RayContext  # noqa: E402
@@ -17,15 +16,6 @@ from programlogic.testing.contracts import FederatedContextContract  # noqa: E40
 
 # The workers run the suite's client work by value, whichever programlogic they import.
 ray.cloudpickle.register_pickle_by_value(context_contract)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
 
 
 class TestRayContext(FederatedContextContract):

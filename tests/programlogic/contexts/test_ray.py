@@ -62,15 +62,6 @@ HANG_GUARD = 120
 REPOSITORY = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
-
-
 def make_clients() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     from programlogic.datasets import ClientArrays
 
