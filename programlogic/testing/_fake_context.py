@@ -199,7 +199,7 @@ class FakeContext(StreamingContext):
         units = split_units(kept, group_size)
         next_unit_to_run = 0
         next_unit_to_consume = 0
-        pending: dict[int, list[Any]] = {}
+        pending: dict[int, list[Any] | ClientError] = {}
 
         def compute(unit: list[ClientHandle]) -> list[Any]:
             ids = [client.client_id for client in unit]
@@ -210,13 +210,20 @@ class FakeContext(StreamingContext):
             while next_unit_to_run < len(units):
                 index = next_unit_to_run
                 next_unit_to_run += 1
-                ids = [client.client_id for client in units[index]]
-                for client_id in ids:
-                    if client_id in failing:
-                        raise _client_error(ids, failing[client_id], number)
-                pending[index] = await workers.run(compute, units[index])
+                try:
+                    pending[index] = await _compute_or_fail(
+                        workers, compute, units[index], failing, number
+                    )
+                except ClientError as error:
+                    # Raised once every earlier unit is handed over, so that what finished
+                    # before a failure does not depend on which thread was faster.
+                    pending[index] = error
+                    next_unit_to_run = len(units)
                 while next_unit_to_consume in pending:
-                    for result in pending.pop(next_unit_to_consume):
+                    results = pending.pop(next_unit_to_consume)
+                    if isinstance(results, ClientError):
+                        raise results
+                    for result in results:
                         consume(result)
                     record.finished.extend(
                         client.client_id for client in units[next_unit_to_consume]
@@ -249,12 +256,23 @@ class FakeContext(StreamingContext):
             raise NotEnoughClientsError(kept, required, len(record.dropped))
 
 
-def _client_error(ids: list[str], fault: FailClient, call: int) -> ClientError:
-    """The error of a unit holding a client that ``fault`` fails."""
-    error = fault.error or SimulatedCrash(
-        f"client {fault.client!r} failed in call {call} (a FailClient fault)"
-    )
-    return ClientError(ids, error)
+async def _compute_or_fail(
+    workers: WorkerThreads,
+    compute: Callable[[list[ClientHandle]], list[Any]],
+    unit: list[ClientHandle],
+    failing: dict[str, FailClient],
+    call: int,
+) -> list[Any]:
+    """The results of ``unit``, or the ClientError of the first of its clients in ``failing``."""
+    ids = [client.client_id for client in unit]
+    for client_id in ids:
+        if client_id in failing:
+            fault = failing[client_id]
+            error = fault.error or SimulatedCrash(
+                f"client {client_id!r} failed in call {call} (a FailClient fault)"
+            )
+            raise ClientError(ids, error) from error
+    return await workers.run(compute, unit)
 
 
 def _pickled_size(value: Any) -> int | None:
