@@ -147,7 +147,7 @@ class FakeContext(StreamingContext):
         return [
             fault
             for fault in self.faults
-            if isinstance(fault, kind) and getattr(fault, "call", None) in (None, call)
+            if isinstance(fault, kind) and fault.call in (None, call)  # type: ignore[attr-defined]
         ]
 
     async def stream_units(

@@ -69,8 +69,10 @@ class DropClients:
     Their work does not run; the call returns the other clients' results, reports the
     dropped ones to :func:`~programlogic.context.count_dropped_clients`, and raises
     :class:`~programlogic.exceptions.NotEnoughClientsError` when fewer than the
-    context's ``min_clients`` finished. A named client the call did not ask for is
-    ignored.
+    context's ``min_clients`` finished. The other clients are grouped (``group_size``)
+    as if the dropped ones had not been asked, so a group function sees only clients
+    that finish (on Ray, a deadline drops a whole group). A named client the call did
+    not ask for is ignored; a dropped client's :class:`FailClient` is not played.
     """
 
     clients: tuple[str, ...]
@@ -107,8 +109,9 @@ class SlowCall:
     """Call ``call`` (every call when None) takes ``takes`` of the context's clock.
 
     The clock (a :class:`~programlogic.testing.FakeClock`, given to the context) moves
-    forward by ``takes`` once the call's work is done, before it returns; a call that
-    fails or is cancelled does not move it. Nothing sleeps.
+    forward by ``takes`` once the call's work is done, before it returns (or raises
+    :class:`~programlogic.exceptions.NotEnoughClientsError`); a call whose client work
+    fails, that loses the cluster or that is cancelled does not move it. Nothing sleeps.
     """
 
     takes: datetime.timedelta
