@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from programlogic import (
@@ -203,23 +204,24 @@ async def test_a_cancelled_call_is_recorded_and_starts_no_further_client() -> No
     assert (fake.calls[0].outcome, fake.calls[0].finished) == ("cancelled", [])
 
 
-async def test_the_same_plan_gives_the_same_calls_and_records() -> None:
+async def play_a_plan() -> tuple[list[Any], list[tuple]]:
+    """The results and records of four calls of 8 clients, on two threads, under faults."""
     faults = [DropClients(["c3"], call=2), FailClient("c5", call=3), LoseCluster(call=4)]
+    results: list[Any] = []
+    fake = FakeContext(faults, max_workers=2)
+    async with fake:
+        for _ in range(4):
+            try:
+                results.append(await fake.map_clients(plus, 0, clients(8)))
+            except (ClientError, ClusterConnectionError) as error:
+                results.append(type(error).__name__)
+    summary = [(r.call, r.finished, r.dropped, r.failed, r.outcome) for r in fake.calls]
+    return results, summary
 
-    async def play() -> tuple[list[Any], list[tuple]]:
-        results: list[Any] = []
-        fake = FakeContext(faults, max_workers=2)
-        async with fake:
-            for _ in range(4):
-                try:
-                    results.append(await fake.map_clients(plus, 0, clients(8)))
-                except (ClientError, ClusterConnectionError) as error:
-                    results.append(type(error).__name__)
-        summary = [(r.call, r.finished, r.dropped, r.failed, r.outcome) for r in fake.calls]
-        return results, summary
 
-    first = await play()
-    assert await play() == first
+async def test_the_same_plan_gives_the_same_calls_and_records() -> None:
+    first = await play_a_plan()
+    assert await play_a_plan() == first
     results, summary = first
     assert summary[2] == (3, ids(5), [], ["c5"], "raised")  # every client before c5, always
     assert results == [
@@ -228,6 +230,12 @@ async def test_the_same_plan_gives_the_same_calls_and_records() -> None:
         "ClientError",
         "ClusterConnectionError",
     ]
+
+
+async def test_asyncio_and_trio_play_a_plan_alike(anyio_backend: str) -> None:
+    other = "trio" if anyio_backend == "asyncio" else "asyncio"
+    there = await anyio.to_thread.run_sync(functools.partial(anyio.run, play_a_plan, backend=other))
+    assert await play_a_plan() == there
 
 
 # tests/test_argument_probes.py probes each argument; these are the checks it cannot reach.
