@@ -39,7 +39,7 @@ RUN_DEFINING = (
 )
 """The flags a rerun must repeat to resume; the others may change between runs."""
 
-FILE_NAME = "config.json"
+_FILE_NAME = "config.json"
 
 
 class DamagedConfigError(Exception):
@@ -75,7 +75,7 @@ def check_config(root: Path, config: dict[str, Any]) -> None:
         DamagedConfigError: the file is unreadable, not JSON, or not a JSON object.
         OtherRunError: the file names other values for defining flags.
     """
-    before = _read(root / FILE_NAME)
+    before = _read(root / _FILE_NAME)
     if before is None:
         return
     differing = [
@@ -110,7 +110,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def record_config(root: Path, config: dict[str, Any]) -> None:
     """Write ``config`` to ``root``'s ``config.json`` unless it has one (blocking I/O)."""
-    path = root / FILE_NAME
+    path = root / _FILE_NAME
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
         write_config(path, config)

@@ -14,6 +14,7 @@ from samples.service.lock import LOCK_FILE
 __all__ = [
     "INDEX",
     "MAX_NAME_BYTES",
+    "RECORDED",
     "SERVICE_FILES",
     "RunConfig",
     "check_run_directory",

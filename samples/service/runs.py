@@ -214,8 +214,9 @@ class RunRegistry:
         """A new run of ``config``, started in the background.
 
         Raises:
-            ValueError: ``config.directory`` is outside the data directory.
+            ValueError: ``config.directory`` is outside ``runs/``, or too long for the system.
             RunConflictError: another run uses the directory, or it exists already.
+            RegistryFailedError: the registry failed; it starts nothing.
         """
         if self._task_group is None:
             raise RuntimeError("the registry is not open")
@@ -250,6 +251,7 @@ class RunRegistry:
         Raises:
             RunNotFoundError: no run has the id.
             RunConflictError: the run has ended already.
+            RegistryFailedError: the registry failed; the run goes on.
         """
         run = self.get(run_id)
         if run.status != RUNNING:
