@@ -12,7 +12,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.samples.service_helpers import AUTH, REPO, TOKEN, in_process, serving, wait_for_round
+from tests.samples.service_helpers import (
+    AUTH,
+    REPO,
+    TOKEN,
+    free_port,
+    in_process,
+    serving,
+    wait_for_round,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -148,8 +156,9 @@ async def test_a_second_service_on_the_same_data_directory_refuses_to_start(tmp_
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH) as client:
             run = (await client.post("/runs", json={"rounds": 100_000})).json()
             await wait_for_round(client, run["id"], 1)
+        command = [sys.executable, "-m", "samples.service"]
         second = subprocess.run(
-            [sys.executable, "-m", "samples.service", "--data-dir", str(data_dir), "--port", "1"],
+            [*command, "--data-dir", str(data_dir), "--port", str(free_port())],
             cwd=REPO,
             capture_output=True,
             text=True,
