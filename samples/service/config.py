@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -72,7 +72,7 @@ def check_run_directory(directory: str | None, info: ValidationInfo) -> str | No
     return directory
 
 
-def _refuse(rule: str, directory: str) -> None:
+def _refuse(rule: str, directory: str) -> NoReturn:
     # A custom error type keeps pydantic from prefixing the message with "Value error, ".
     raise PydanticCustomError(
         "run_directory", "{rule}, got {value}", {"rule": rule, "value": repr(directory)}
