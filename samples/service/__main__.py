@@ -4,8 +4,10 @@
 
 It listens on 127.0.0.1 unless told otherwise. On any other address it needs a bearer
 token, read from the environment variable PROGRAMLOGIC_SERVICE_TOKEN (at least 16
-characters); on loopback the token is optional and enforced when set. SIGTERM or
-Ctrl-C stops it: running runs keep their checkpoints and resume at the next start.
+printable ASCII characters, no whitespace); on loopback the token is optional and
+enforced when set. SIGTERM or Ctrl-C stops it: running runs keep their checkpoints and
+resume at the next start. One service at a time per data directory: a second one on
+the same directory refuses to start.
 """
 
 from __future__ import annotations
@@ -59,8 +61,18 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.get(TOKEN_VARIABLE) or None
     if token is None and not is_loopback(arguments.host):
         parser.error(f"listening on {arguments.host} needs a token in ${TOKEN_VARIABLE}")
-    if token is not None and len(token) < 16:
-        parser.error(f"${TOKEN_VARIABLE} must be at least 16 characters long")
+    from samples.service.config import check_token
+    from samples.service.lock import DataDirectoryLockedError, check_unlocked
+
+    if token is not None:
+        try:
+            check_token(token)
+        except ValueError as error:
+            parser.error(f"${TOKEN_VARIABLE}: {error}")
+    try:
+        check_unlocked(arguments.data_dir)
+    except DataDirectoryLockedError as error:
+        parser.exit(2, f"{parser.prog}: {error}\n")
 
     import uvicorn
 
