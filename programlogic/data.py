@@ -11,11 +11,12 @@ and a loader, and the data is loaded where the client's work runs.
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import struct
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from managers.validation import (
@@ -40,6 +41,29 @@ __all__ = [
     "TableBackedLoader",
     "TableLoader",
 ]
+
+_DUPLICATES_SHOWN = 5
+
+
+def check_distinct_client_ids(argument: str, client_ids: Iterable[str]) -> None:
+    """Raise ``ValueError`` when an id occurs more than once in ``client_ids``.
+
+    The message names ``argument``, the first duplicated ids (in order of first
+    appearance) and how many ids are duplicated: a round of distinct clients drawn
+    from a list that holds an id twice could hold that client twice.
+    """
+    counts = collections.Counter(client_ids)
+    duplicated = [client_id for client_id, count in counts.items() if count > 1]
+    if not duplicated:
+        return
+    shown = f"{duplicated[:_DUPLICATES_SHOWN]!r}"
+    if len(duplicated) > _DUPLICATES_SHOWN:
+        shown += f" and {len(duplicated) - _DUPLICATES_SHOWN} more"
+    appear = "id appears" if len(duplicated) == 1 else "ids appear"
+    raise ValueError(
+        f"{argument} holds duplicated client ids: {shown} ({len(duplicated)} {appear} "
+        "more than once); every client of a data source needs an id of its own"
+    )
 
 
 class ClientHandle:
@@ -143,13 +167,13 @@ class ClientSampler:
     """Samples clients from a fixed list of handles (what ``InMemoryDataSource.iterator`` gives).
 
     Handles are sorted by client id once, so the selection depends on the set of ids,
-    not on the order they came in. The random words of round ``r`` are the SHAKE-256
-    output of ``"{seed}/{r}"`` (``"{seed}/fixed"`` for a fixed cohort): a standard
-    that no library upgrade changes, so a resumed run selects what the first run
-    selected even on another NumPy or Python. Distinct clients are drawn by a partial
-    Fisher-Yates shuffle (words reduced modulo the remaining count; the bias is below
-    ``count / 2**64``), so the first ``k`` of a fixed cohort are the same for every
-    larger ``k``.
+    not on the order they came in; an id given twice is a ``ValueError``. The random
+    words of round ``r`` are the SHAKE-256 output of ``"{seed}/{r}"``
+    (``"{seed}/fixed"`` for a fixed cohort): a standard that no library upgrade
+    changes, so a resumed run selects what the first run selected even on another
+    NumPy or Python. Distinct clients are drawn by a partial Fisher-Yates shuffle
+    (words reduced modulo the remaining count; the bias is below ``count / 2**64``), so
+    the first ``k`` of a fixed cohort are the same for every larger ``k``.
     """
 
     def __init__(
@@ -162,6 +186,7 @@ class ClientSampler:
         self._handles = sorted(handles)
         if not self._handles:
             raise ValueError(f"handles must hold at least one client, got {handles!r}")
+        check_distinct_client_ids("handles", (handle.client_id for handle in self._handles))
         self._seed = seed
         self._sampling = check_choice("sampling", sampling, Sampling)
 
@@ -208,7 +233,8 @@ class HandleDataSource:
     The base of the data sources here: give it the handles (a client id and a loader
     each, loaders picklable for remote backends) and ``sampling`` (see
     :class:`Sampling`). ``client_ids`` keeps the handles' order; ``all_clients`` and
-    sampling sort by id.
+    sampling sort by id. Client ids must be distinct: a duplicated id is a
+    ``ValueError`` naming it (see :func:`check_distinct_client_ids`).
     """
 
     def __init__(
@@ -218,6 +244,7 @@ class HandleDataSource:
         self._handles = list(handles)
         if not self._handles:
             raise ValueError(f"handles must hold at least one client, got {handles!r}")
+        check_distinct_client_ids("handles", self.client_ids)
 
     @property
     def client_ids(self) -> list[str]:

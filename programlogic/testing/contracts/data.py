@@ -22,6 +22,7 @@ lists, tuples and dicts of arrays and scalars); override it for other kinds of d
 
 from __future__ import annotations
 
+import collections
 import json
 import pickle
 from collections.abc import Callable
@@ -83,7 +84,11 @@ class FederatedDataSourceContract(Contract):
         ids = list(source.client_ids)
         assert len(ids) >= 2, "the suite needs a source of at least two clients"
         assert all(isinstance(client_id, str) for client_id in ids)
-        assert len(set(ids)) == len(ids)
+        duplicated = sorted(i for i, count in collections.Counter(ids).items() if count > 1)
+        assert not duplicated, (
+            f"client ids must be distinct (a round of distinct clients could hold one "
+            f"twice), these occur more than once: {duplicated[:5]!r}"
+        )
         assert list(source.client_ids) == ids
         assert list(make_source().client_ids) == ids
 
