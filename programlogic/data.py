@@ -14,11 +14,13 @@ from __future__ import annotations
 import collections
 import enum
 import hashlib
+import json
 import struct
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from managers.structure import flatten
 from managers.validation import (
     check_callable,
     check_choice,
@@ -222,6 +224,18 @@ class ClientSampler:
         }
 
 
+def _data_shapes(data: Any) -> list[list[Any]]:
+    """``[path, shape, dtype]`` of each array of ``data``, ``[path, type]`` of other values."""
+    shapes: list[list[Any]] = []
+    for path, leaf in flatten(data):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        try:
+            shapes.append([path, [int(size) for size in shape], str(dtype)])
+        except TypeError:  # not an array, or of a size known only when it is read
+            shapes.append([path, type(leaf).__name__])
+    return shapes
+
+
 def _random_words(key: str, count: int) -> tuple[int, ...]:
     """``count`` uniformly random 64-bit words determined by ``key``."""
     return struct.unpack(f"<{count}Q", hashlib.shake_256(key.encode()).digest(8 * count))
@@ -258,6 +272,26 @@ class HandleDataSource:
     def iterator(self, seed: int) -> ClientSampler:
         """A sampler of clients seeded with ``seed`` (an int >= 0)."""
         return ClientSampler(self._handles, seed, self._sampling)
+
+    def describe_configuration(self) -> dict[str, Any] | None:
+        """The shapes of the clients' data, hashed, when they are known without loading.
+
+        ``{"client_data_shapes_sha256": ...}`` over every client's id and the shape and
+        dtype of each array (or the type of each other value) of its data, when every
+        loader reads from a table held in memory (:class:`TableBackedLoader`, as
+        :class:`InMemoryDataSource`'s do); ``None`` otherwise. The ids themselves are in
+        the sampler's description. ``train_model`` records it to refuse resuming on
+        other client data (of other sizes).
+        """
+        loaders = [handle.loader for handle in self._handles]
+        if not all(isinstance(loader, TableBackedLoader) for loader in loaders):
+            return None
+        shapes = sorted(
+            (loader.client_id, _data_shapes(loader.table.data[loader.client_id]))
+            for loader in loaders
+        )
+        digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()
+        return {"client_data_shapes_sha256": digest}
 
 
 class InMemoryDataSource(HandleDataSource):
