@@ -41,6 +41,14 @@ class Optimizer(abc.ABC):
     ) -> tuple[dict[str, Any], list[Any]]:
         """One step: ``(new_state, new_weights)``."""
 
+    def describe(self) -> dict[str, Any]:
+        """Its class name and, for a dataclass optimizer, its fields (the hyperparameters).
+
+        What a learning process's ``describe_configuration`` reports of it; JSON-able.
+        """
+        fields = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        return {"class": type(self).__name__, **fields}
+
 
 def _check_rate(name: str, value: float, *, upper: float | None = None) -> None:
     check_number(name, value, minimum=0, below=upper)
