@@ -144,7 +144,14 @@ class FederatedDataSourceIterator(Protocol):
 
 @runtime_checkable
 class FederatedDataSource(Protocol):
-    """A federated data set: a fixed set of clients and their data."""
+    """A federated data set: a fixed set of clients and their data.
+
+    Client ids are distinct. Optionally, a plain method ``describe_configuration()``
+    returns a JSON-able dict telling its data apart from other data with the same ids
+    (their sizes, say; the ids are in the sampler's ``describe()``), or ``None``:
+    ``train_model`` records it and refuses to resume on other data unless told to
+    (:meth:`HandleDataSource.describe_configuration` is the built-in one).
+    """
 
     @property
     def client_ids(self) -> Sequence[str]:

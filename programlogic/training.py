@@ -142,12 +142,16 @@ async def train_model(
     evaluation round (a warning is logged when it is longer).
 
     Resuming: the newest version of ``program_state_manager`` is loaded and checked
-    first: a checkpoint written with another seed, number of clients per round or
-    sampler (the data source's ``describe()``, compared as an opaque value; for a dict,
-    the differing keys are named) raises :class:`~programlogic.exceptions.ResumeError`
-    naming what differs, and a checkpoint in a format this code does not read (written
-    by a newer version) raises :class:`~programlogic.exceptions.CheckpointFormatError`,
-    both before any evaluation is resumed. Then the evaluations in
+    before any evaluation is resumed. :class:`~programlogic.exceptions.ResumeError`
+    names what differs when it was written with another seed, number of clients per
+    round or sampler (the iterator's ``describe()``, opaque; for a dict, the differing
+    keys), when its train state does not fit the process's initial state (the first
+    path whose presence, shape or dtype differs), or when the configuration the process
+    and the data source describe (their optional ``describe_configuration()``, recorded
+    in every checkpoint) differs: that one, and only that one, may change on purpose
+    with ``resume_with_changed_configuration=True``; the new one is saved from then on.
+    A checkpoint in a format this code does not read (written by a newer version)
+    raises :class:`~programlogic.exceptions.CheckpointFormatError`. Then the evaluations in
     flight are resumed, the loaded round's metrics are released again and its
     evaluation started again (releases are idempotent by key, starting an evaluation
     twice is a no-op), so a crash right after a save loses nothing; training continues
