@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from managers.state.base import ProgramStateManager
 from managers.structure import flatten
@@ -42,7 +42,10 @@ async def load_resumable(
     of their configuration differs, unless ``allow_changed_configuration`` (then the
     differences are logged as a warning).
     """
-    saved, version = await state_manager.load_latest(Checkpoint.template(initial_state))
+    try:
+        saved, version = await state_manager.load_latest(Checkpoint.template(initial_state))
+    except (TypeError, ValueError) as error:
+        await _raise_for_misfit(state_manager, initial_state, error)
     if saved is None:
         return None, None
     checkpoint = Checkpoint.from_saved(saved, version)
@@ -69,6 +72,21 @@ async def load_resumable(
             changed,
         )
     return checkpoint, version
+
+
+async def _raise_for_misfit(
+    state_manager: ProgramStateManager, initial_state: Any, error: Exception
+) -> NoReturn:
+    """Raise ResumeError naming how the saved train state does not fit ``initial_state``,
+    when that is why loading it with ``initial_state`` as template raised ``error``;
+    otherwise raise ``error``."""
+    try:
+        saved, version = await state_manager.load_latest()
+        checkpoint = Checkpoint.from_saved(saved, version)
+    except Exception:
+        raise error from None
+    check_state_fits(checkpoint, version, initial_state)
+    raise error
 
 
 def check_resumable(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from managers import MemoryProgramStateManager, MemoryReleaseManager
+from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
 from programlogic import Checkpoint, LocalContext, ResumeError, train_model
 from programlogic.testing import FakeDataSource, FakeLearningProcess
 
@@ -75,6 +76,22 @@ class WithMomentum(FakeLearningProcess):
         return {**await super().initialize(), "momentum": np.zeros(self.dim)}
 
 
+class Layered(FakeLearningProcess):
+    """A process whose state holds a list of ``layers`` arrays besides the fake's."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.layers = layers
+
+    async def initialize(self) -> dict[str, Any]:
+        return {**await super().initialize(), "layers": [np.zeros(2)] * self.layers}
+
+    async def next(self, state: dict[str, Any], clients: Any) -> Any:
+        own = {"weights": state["weights"], "rounds": state["rounds"]}
+        output = await super().next(own, clients)
+        return type(output)({**output.state, "layers": state["layers"]}, output.metrics)
+
+
 def escaped(text: str) -> str:
     return re.escape(text)
 
@@ -96,6 +113,22 @@ async def test_resuming_with_another_state_structure_is_refused_naming_the_path(
     await run.train()
     with pytest.raises(ResumeError, match=escaped("momentum: nothing (this run: shape (2,)")):
         await run.train(train_process=WithMomentum(), train_total_rounds=5)
+
+
+@pytest.mark.parametrize("state", ["memory", "file"])
+async def test_resuming_a_state_with_more_arrays_in_a_list_is_refused_naming_the_path(
+    state: str, tmp_path: Path
+) -> None:
+    # It used to fail in the state manager's load: "unflatten needs 3 leaves".
+    run = Run()
+    if state == "file":
+        run.state = FileProgramStateManager(tmp_path / "state")
+    async with run.state:
+        await run.train(train_process=Layered(2))
+        with pytest.raises(ResumeError, match=escaped("layers/2: nothing (this run: shape (2,)")):
+            await run.train(train_process=Layered(3), train_total_rounds=5)
+        with pytest.raises(ResumeError, match=escaped("layers/1: shape (2,) float64 (this run")):
+            await run.train(train_process=Layered(1), train_total_rounds=5)
 
 
 async def test_letting_the_configuration_change_does_not_let_the_state_change() -> None:
