@@ -10,7 +10,13 @@ from managers.structure import flatten
 from programlogic.checkpoint import Checkpoint
 from programlogic.exceptions import ResumeError
 
-__all__ = ["check_resumable", "check_state_fits", "configuration_differences", "load_resumable"]
+__all__ = [
+    "check_resumable",
+    "check_state_fits",
+    "configuration_differences",
+    "load_resumable",
+    "state_misfit",
+]
 
 # The warning is train_model's: users filter it under its module's name.
 logger = logging.getLogger("programlogic.training")
@@ -152,22 +158,30 @@ def _show(value: Any) -> str:
 
 
 def check_state_fits(checkpoint: Checkpoint, version: int, initial_state: Any) -> None:
-    """Raise ResumeError unless the saved train state has the structure of ``initial_state``.
+    """Raise ResumeError unless the saved train state has the structure of ``initial_state``
+    (:func:`state_misfit`), naming the first difference."""
+    misfit = state_misfit(checkpoint.train_state, initial_state)
+    if misfit is not None:
+        raise ResumeError(
+            f"cannot resume from the program state of round {version}: its train state "
+            f"does not fit this run's learning process (another model?): at {misfit}"
+        )
+
+
+def state_misfit(state: Any, initial_state: Any) -> str | None:
+    """Where ``state`` does not have the structure of ``initial_state``, or ``None``.
 
     The paths of their leaves must be the same, and leaves that are arrays (or numbers)
-    must have the same shape, and the same dtype where both are NumPy values; the first
-    difference is named, with the saved leaf and this run's.
+    must have the same shape, and the same dtype where both are NumPy values. The first
+    difference is named: its path, then ``state``'s leaf and (``this run``)
+    ``initial_state``'s.
     """
-    saved = dict(flatten(checkpoint.train_state))
-    initial = dict(flatten(initial_state))
-    for path in {**initial, **saved}:
-        was, now = _leaf_kind(saved.get(path, _ABSENT)), _leaf_kind(initial.get(path, _ABSENT))
+    leaves, initial = dict(flatten(state)), dict(flatten(initial_state))
+    for path in {**initial, **leaves}:
+        was, now = _leaf_kind(leaves.get(path, _ABSENT)), _leaf_kind(initial.get(path, _ABSENT))
         if _kinds_differ(was, now):
-            raise ResumeError(
-                f"cannot resume from the program state of round {version}: its train state "
-                f"does not fit this run's learning process (another model?): at "
-                f"{path or 'the root'}: {_show_kind(was)} (this run: {_show_kind(now)})"
-            )
+            return f"{path or 'the root'}: {_show_kind(was)} (this run: {_show_kind(now)})"
+    return None
 
 
 def _leaf_kind(leaf: Any) -> Any:

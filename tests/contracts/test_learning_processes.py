@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from programlogic import ClientHandle, InMemoryDataSource, LearningProcessOutput
+from programlogic import ClientHandle, InMemoryDataSource, LearningProcessOutput, LocalContext
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.testing import FakeDataSource, FakeLearningProcess
 from programlogic.testing.contracts import LearningProcessContract
@@ -154,3 +154,27 @@ async def test_the_suite_fails_a_description_that_differs_between_builds() -> No
                 "Tupled", (FakeLearningProcess,), {"describe_configuration": lambda _: {"a": (1,)}}
             )()
         )
+
+
+class Growing(FakeLearningProcess):
+    """A process whose state keeps a growing history: it could not resume."""
+
+    async def initialize(self) -> dict:
+        return {**await super().initialize(), "history": []}
+
+    async def next(self, state, clients):
+        own = {"weights": state["weights"], "rounds": state["rounds"]}
+        output = await super().next(own, clients)
+        history = [*state["history"], output.metrics["client_work"]["train"]["loss"]]
+        return LearningProcessOutput({**output.state, "history": history}, output.metrics)
+
+
+@pytest.mark.anyio
+async def test_the_suite_fails_a_state_whose_structure_drifts() -> None:
+    suite = TestFakeLearningProcess()
+    clients = FakeDataSource(5, dim=2).iterator(1).select(3, 1)
+    async with LocalContext(max_workers=2) as context:
+        with pytest.raises(AssertionError, match=r"keep the paths.*history/0: shape"):
+            await suite.test_next_keeps_the_structure_of_the_initial_state(
+                Growing(), clients, context
+            )

@@ -45,6 +45,7 @@ from managers.state.base import ProgramStateManager
 from managers.state.file import FileProgramStateManager
 from managers.state.memory import MemoryProgramStateManager
 from managers.structure import flatten
+from programlogic._resume import state_misfit
 from programlogic.context import FederatedContext
 from programlogic.contexts.local import LocalContext
 from programlogic.data import ClientHandle
@@ -136,6 +137,22 @@ class LearningProcessContract(Contract):
         assert all(isinstance(path, str) and path for path in paths)
         dumps(output.metrics)  # train_model saves a round's metrics with its checkpoint
         assert flatten(output.state), "next returned an empty state"
+
+    async def test_next_keeps_the_structure_of_the_initial_state(
+        self,
+        process: LearningProcess,
+        clients: Sequence[ClientHandle],
+        context: FederatedContext,
+    ) -> None:
+        # train_model refuses to resume a saved state of another structure than the
+        # initial state's: a state whose paths, shapes or dtypes drift could not resume.
+        initial = await as_async(process.initialize)()
+        state = (await as_async(process.next)(initial, clients)).state
+        misfit = state_misfit(state, initial)
+        assert misfit is None, (
+            "the state after a round must keep the paths, shapes and dtypes of the "
+            f"initial state; at {misfit.replace('this run', 'initial state')}"
+        )
 
     async def test_next_does_not_change_the_state_it_was_given(
         self,
