@@ -15,7 +15,9 @@ restarted program builds again)::
             write_my_files(tmp_path)
             return lambda: MySource(tmp_path)
 
-The source needs at least two clients. Client data is compared with
+The source needs at least two clients, with distinct ids. A source with a
+``describe_configuration()`` is also checked for a JSON-able description, equal for
+two sources built alike. Client data is compared with
 :meth:`FederatedDataSourceContract.assert_same_data` (NumPy's ``assert_equal``: nested
 lists, tuples and dicts of arrays and scalars); override it for other kinds of data.
 """
@@ -189,6 +191,19 @@ class FederatedDataSourceContract(Contract):
         assert json.loads(json.dumps(description)) == description
         assert make_source().iterator(3).describe() == description
         assert make_source().iterator(4).describe() != description
+
+    async def test_a_configuration_description_is_json_and_equal_for_an_equal_source(
+        self, make_source: Callable[[], FederatedDataSource]
+    ) -> None:
+        describe = getattr(make_source(), "describe_configuration", None)
+        description = None if describe is None else describe()
+        if description is None:
+            pytest.skip("the source does not describe its configuration")
+        assert isinstance(description, dict), (
+            f"describe_configuration() must return a dict or None, got {description!r}"
+        )
+        assert json.loads(json.dumps(description, allow_nan=False)) == description
+        assert make_source().describe_configuration() == description  # type: ignore[attr-defined]
 
     # Client data.
 
