@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import keras
+import numpy as np
 import pytest
 from learning_support import CLASSES, FEATURES, ragged_clients
 
@@ -158,3 +159,11 @@ def _differing_paths(path: str, was: Any, now: Any) -> set[str]:
             found |= _differing_paths(f"{path}/{index}", old, new)
         return found | ({path} if found else set())
     return {path} if was != now else set()
+
+
+async def test_numpy_hyperparameters_are_described_as_json_numbers() -> None:
+    process = fed_avg(client_optimizer=adam(np.float32(0.5), beta_1=np.float64(0.8)))
+    described = process.describe_configuration()["client_optimizer"]
+    assert json.loads(json.dumps(described)) == described
+    assert described["learning_rate"] == 0.5 and type(described["learning_rate"]) is float
+    assert described["beta_1"] == 0.8
