@@ -89,6 +89,7 @@ def check_arguments(**arguments: Any) -> int | datetime.timedelta:
         allow_none=True,
     )
     check_bool("stopping_waits_for_evaluations", arguments["stopping_waits_for_evaluations"])
+    check_bool("resume_with_changed_configuration", arguments["resume_with_changed_configuration"])
     check_interface("clock", arguments["clock"], "Clock", ["now"], allow_none=True)
     periodicity = arguments["evaluation_periodicity"]
     if isinstance(periodicity, datetime.timedelta):

@@ -2,18 +2,97 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, NoReturn
 
+from managers.state.base import ProgramStateManager
+from managers.structure import flatten
 from programlogic.checkpoint import Checkpoint
 from programlogic.exceptions import ResumeError
 
-__all__ = ["check_resumable"]
+__all__ = [
+    "check_resumable",
+    "check_state_fits",
+    "configuration_differences",
+    "load_resumable",
+    "state_misfit",
+]
+
+# The warning is train_model's: users filter it under its module's name.
+logger = logging.getLogger("programlogic.training")
 
 _ABSENT = object()
+_SHOWN_DIFFERENCES = 5
+_SHOWN_CHARACTERS = 80
 
 # How the keys of the built-in samplers' descriptions (ClientSampler.describe) read.
 _SAMPLER_KEY_NAMES = {"num_clients": "number of clients"}
 _SAMPLER_KEYS_TOO_LONG_TO_SHOW = {"client_ids_sha256": "another set of client ids"}
+
+
+async def load_resumable(
+    state_manager: ProgramStateManager,
+    initial_state: Any,
+    *,
+    total_rounds: int,
+    sampler: Any,
+    per_round_clients: int,
+    configuration: dict[str, Any],
+    allow_changed_configuration: bool,
+) -> tuple[Checkpoint | None, int | None]:
+    """The newest checkpoint of ``state_manager`` and its version, or ``None``s.
+
+    Raises ResumeError when it was written by another configuration than this run's
+    (:func:`check_resumable`), when its train state does not fit ``initial_state``
+    (:func:`check_state_fits`), or when what the process and the data source describe
+    of their configuration differs, unless ``allow_changed_configuration`` (then the
+    differences are logged as a warning).
+    """
+    try:
+        saved, version = await state_manager.load_latest(Checkpoint.template(initial_state))
+    except (TypeError, ValueError) as error:
+        await _raise_for_misfit(state_manager, initial_state, error)
+    if saved is None:
+        return None, None
+    checkpoint = Checkpoint.from_saved(saved, version)
+    check_resumable(
+        checkpoint,
+        version,
+        total_rounds=total_rounds,
+        sampler=sampler,
+        per_round_clients=per_round_clients,
+    )
+    check_state_fits(checkpoint, version, initial_state)
+    changed = configuration_differences(checkpoint.configuration, configuration)
+    if changed is not None and not allow_changed_configuration:
+        raise ResumeError(
+            f"cannot resume from the program state of round {version}: it was written "
+            f"with another configuration: {changed}; to continue with this run's "
+            "configuration on purpose, pass resume_with_changed_configuration=True to "
+            "train_model"
+        )
+    if changed is not None:
+        logger.warning(
+            "resuming after round %d with a changed configuration, saved from now on: %s",
+            version,
+            changed,
+        )
+    return checkpoint, version
+
+
+async def _raise_for_misfit(
+    state_manager: ProgramStateManager, initial_state: Any, error: Exception
+) -> NoReturn:
+    """Raise ResumeError naming how the saved train state does not fit ``initial_state``,
+    when that is why loading it with ``initial_state`` as template raised ``error``;
+    otherwise raise ``error``."""
+    try:
+        saved, version = await state_manager.load_latest()
+        checkpoint = Checkpoint.from_saved(saved, version)
+    except Exception:
+        raise error from None
+    check_state_fits(checkpoint, version, initial_state)
+    raise error
 
 
 def check_resumable(
@@ -76,3 +155,105 @@ def _equal(saved: Any, current: Any) -> bool:
 
 def _show(value: Any) -> str:
     return "nothing" if value is _ABSENT else repr(value)
+
+
+def check_state_fits(checkpoint: Checkpoint, version: int, initial_state: Any) -> None:
+    """Raise ResumeError unless the saved train state has the structure of ``initial_state``
+    (:func:`state_misfit`), naming the first difference."""
+    misfit = state_misfit(checkpoint.train_state, initial_state)
+    if misfit is not None:
+        raise ResumeError(
+            f"cannot resume from the program state of round {version}: its train state "
+            f"does not fit this run's learning process (another model?): at {misfit}"
+        )
+
+
+def state_misfit(state: Any, initial_state: Any) -> str | None:
+    """Where ``state`` does not have the structure of ``initial_state``, or ``None``.
+
+    The paths of their leaves must be the same, and leaves that are arrays (or numbers)
+    must have the same shape, and the same dtype where both are NumPy values. The first
+    difference is named: its path, then ``state``'s leaf and (``this run``)
+    ``initial_state``'s.
+    """
+    leaves, initial = dict(flatten(state)), dict(flatten(initial_state))
+    for path in {**initial, **leaves}:
+        was, now = _leaf_kind(leaves.get(path, _ABSENT)), _leaf_kind(initial.get(path, _ABSENT))
+        if _kinds_differ(was, now):
+            return f"{path or 'the root'}: {_show_kind(was)} (this run: {_show_kind(now)})"
+    return None
+
+
+def _leaf_kind(leaf: Any) -> Any:
+    """``_ABSENT``; ``(shape, dtype)`` of an array-like leaf (dtype ``None`` for a Python
+    number); or ``None`` for a leaf of any other kind, whose value alone may change."""
+    if leaf is _ABSENT:
+        return _ABSENT
+    if isinstance(leaf, bool | int | float | complex):
+        return (), None
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    try:
+        return tuple(int(size) for size in shape), str(dtype)
+    except TypeError:  # a dimension unknown until run time
+        return None
+
+
+def _kinds_differ(was: Any, now: Any) -> bool:
+    if was is _ABSENT or now is _ABSENT:
+        return was is not now
+    if was is None or now is None:
+        return False
+    (was_shape, was_dtype), (now_shape, now_dtype) = was, now
+    if was_shape != now_shape:
+        return True
+    return was_dtype is not None and now_dtype is not None and was_dtype != now_dtype
+
+
+def _show_kind(kind: Any) -> str:
+    if kind is _ABSENT:
+        return "nothing"
+    if kind is None:
+        return "a value"
+    shape, dtype = kind
+    return f"shape {shape} {dtype or 'number'}"
+
+
+def configuration_differences(saved: Any, current: dict[str, Any]) -> str | None:
+    """What differs between a checkpoint's configuration and this run's, or ``None``.
+
+    Each part (``process``, ``data``) is compared only when both runs described it;
+    the differing key paths are named with the saved value and this run's (the first
+    few of them).
+    """
+    if not isinstance(saved, dict):
+        return None
+    differences: list[str] = []
+    for part, now in current.items():
+        was = saved.get(part)
+        if was is not None and now is not None:
+            _differences(part, was, now, differences)
+    if not differences:
+        return None
+    shown = "; ".join(differences[:_SHOWN_DIFFERENCES])
+    more = len(differences) - _SHOWN_DIFFERENCES
+    return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def _differences(path: str, was: Any, now: Any, found: list[str]) -> None:
+    if isinstance(was, dict) and isinstance(now, dict):
+        for key in {**was, **now}:
+            _differences(f"{path}/{key}", was.get(key, _ABSENT), now.get(key, _ABSENT), found)
+    elif isinstance(was, list) and isinstance(now, list) and len(was) == len(now):
+        for index, (old, new) in enumerate(zip(was, now, strict=True)):
+            _differences(f"{path}/{index}", old, new, found)
+    elif not _equal(was, now):
+        found.append(f"{path}={_shorten(was)} (this run: {_shorten(now)})")
+
+
+def _shorten(value: Any) -> str:
+    text = _show(value)
+    if len(text) <= _SHOWN_CHARACTERS:
+        return text
+    return text[: _SHOWN_CHARACTERS - 3] + "..."

@@ -14,10 +14,13 @@ does not read. The saved form of format version 1::
         "stop_reason": "early_stopped",       # None while training goes on
         "sampler": {...},                     # the data source iterator's describe()
         "per_round_clients": 10,
+        "configuration": {"process": {...}, "data": {...}},   # absent before it existed
     }
 
 Checkpoints written before stop reasons existed hold ``"stopped": True`` instead of a
-``stop_reason``; they read as stopped for ``StopReason.EARLY_STOPPED``.
+``stop_reason``; they read as stopped for ``StopReason.EARLY_STOPPED``. Checkpoints
+written before the configuration was recorded (a compatible addition) read with
+``configuration`` ``None``: nothing of it is compared when they are resumed.
 
 Changing the record:
 
@@ -59,6 +62,9 @@ class Checkpoint:
     ``train_state``: the learning process's state after round ``round_num``;
     ``metrics``: that round's metrics (``None`` for round 0); ``sampler`` and
     ``per_round_clients``: the configuration a resumed run must match;
+    ``configuration``: what the learning process and the data source described of
+    their configuration (``{"process": ..., "data": ...}``, each a JSON-able dict or
+    ``None``), ``None`` in checkpoints written before it was recorded;
     ``evaluation_due``: whether the round is evaluated; ``last_evaluation``: when the
     latest evaluation up to this round started (Unix seconds), ``None`` before any;
     ``stop_reason``: why this round is the last, ``None`` while training goes on;
@@ -74,6 +80,7 @@ class Checkpoint:
     evaluation_due: bool = False
     last_evaluation: int | None = None
     stop_reason: StopReason | None = None
+    configuration: dict[str, Any] | None = None
     format_version: int = dataclasses.field(default=FORMAT_VERSION, init=False)
 
     @staticmethod
@@ -93,6 +100,7 @@ class Checkpoint:
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
             "sampler": self.sampler,
             "per_round_clients": self.per_round_clients,
+            "configuration": self.configuration,
         }
 
     @classmethod
@@ -121,6 +129,7 @@ class Checkpoint:
             evaluation_due=evaluation.get("due", False),
             last_evaluation=evaluation.get("last_time"),
             stop_reason=_saved_stop_reason(saved),
+            configuration=saved.get("configuration"),
         )
 
 

@@ -11,13 +11,16 @@ and a loader, and the data is loaded where the client's work runs.
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
+import json
 import struct
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from managers.structure import flatten
 from managers.validation import (
     check_callable,
     check_choice,
@@ -40,6 +43,29 @@ __all__ = [
     "TableBackedLoader",
     "TableLoader",
 ]
+
+_DUPLICATES_SHOWN = 5
+
+
+def check_distinct_client_ids(argument: str, client_ids: Iterable[str]) -> None:
+    """Raise ``ValueError`` when an id occurs more than once in ``client_ids``.
+
+    The message names ``argument``, the first duplicated ids (in order of first
+    appearance) and how many ids are duplicated: a round of distinct clients drawn
+    from a list that holds an id twice could hold that client twice.
+    """
+    counts = collections.Counter(client_ids)
+    duplicated = [client_id for client_id, count in counts.items() if count > 1]
+    if not duplicated:
+        return
+    shown = f"{duplicated[:_DUPLICATES_SHOWN]!r}"
+    if len(duplicated) > _DUPLICATES_SHOWN:
+        shown += f" and {len(duplicated) - _DUPLICATES_SHOWN} more"
+    appear = "id appears" if len(duplicated) == 1 else "ids appear"
+    raise ValueError(
+        f"{argument} holds duplicated client ids: {shown} ({len(duplicated)} {appear} "
+        "more than once); every client of a data source needs an id of its own"
+    )
 
 
 class ClientHandle:
@@ -118,7 +144,14 @@ class FederatedDataSourceIterator(Protocol):
 
 @runtime_checkable
 class FederatedDataSource(Protocol):
-    """A federated data set: a fixed set of clients and their data."""
+    """A federated data set: a fixed set of clients and their data.
+
+    Client ids are distinct. Optionally, a plain method ``describe_configuration()``
+    returns a JSON-able dict telling its data apart from other data with the same ids
+    (their sizes, say; the ids are in the sampler's ``describe()``), or ``None``:
+    ``train_model`` records it and refuses to resume on other data unless told to
+    (:meth:`HandleDataSource.describe_configuration` is the built-in one).
+    """
 
     @property
     def client_ids(self) -> Sequence[str]:
@@ -143,13 +176,13 @@ class ClientSampler:
     """Samples clients from a fixed list of handles (what ``InMemoryDataSource.iterator`` gives).
 
     Handles are sorted by client id once, so the selection depends on the set of ids,
-    not on the order they came in. The random words of round ``r`` are the SHAKE-256
-    output of ``"{seed}/{r}"`` (``"{seed}/fixed"`` for a fixed cohort): a standard
-    that no library upgrade changes, so a resumed run selects what the first run
-    selected even on another NumPy or Python. Distinct clients are drawn by a partial
-    Fisher-Yates shuffle (words reduced modulo the remaining count; the bias is below
-    ``count / 2**64``), so the first ``k`` of a fixed cohort are the same for every
-    larger ``k``.
+    not on the order they came in; an id given twice is a ``ValueError``. The random
+    words of round ``r`` are the SHAKE-256 output of ``"{seed}/{r}"``
+    (``"{seed}/fixed"`` for a fixed cohort): a standard that no library upgrade
+    changes, so a resumed run selects what the first run selected even on another
+    NumPy or Python. Distinct clients are drawn by a partial Fisher-Yates shuffle
+    (words reduced modulo the remaining count; the bias is below ``count / 2**64``), so
+    the first ``k`` of a fixed cohort are the same for every larger ``k``.
     """
 
     def __init__(
@@ -162,6 +195,7 @@ class ClientSampler:
         self._handles = sorted(handles)
         if not self._handles:
             raise ValueError(f"handles must hold at least one client, got {handles!r}")
+        check_distinct_client_ids("handles", (handle.client_id for handle in self._handles))
         self._seed = seed
         self._sampling = check_choice("sampling", sampling, Sampling)
 
@@ -197,6 +231,18 @@ class ClientSampler:
         }
 
 
+def _data_shapes(data: Any) -> list[list[Any]]:
+    """``[path, shape, dtype]`` of each array of ``data``, ``[path, type]`` of other values."""
+    shapes: list[list[Any]] = []
+    for path, leaf in flatten(data):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        try:
+            shapes.append([path, [int(size) for size in shape], str(dtype)])
+        except TypeError:  # not an array, or of a size known only when it is read
+            shapes.append([path, type(leaf).__name__])
+    return shapes
+
+
 def _random_words(key: str, count: int) -> tuple[int, ...]:
     """``count`` uniformly random 64-bit words determined by ``key``."""
     return struct.unpack(f"<{count}Q", hashlib.shake_256(key.encode()).digest(8 * count))
@@ -208,7 +254,8 @@ class HandleDataSource:
     The base of the data sources here: give it the handles (a client id and a loader
     each, loaders picklable for remote backends) and ``sampling`` (see
     :class:`Sampling`). ``client_ids`` keeps the handles' order; ``all_clients`` and
-    sampling sort by id.
+    sampling sort by id. Client ids must be distinct: a duplicated id is a
+    ``ValueError`` naming it (see :func:`check_distinct_client_ids`).
     """
 
     def __init__(
@@ -218,6 +265,7 @@ class HandleDataSource:
         self._handles = list(handles)
         if not self._handles:
             raise ValueError(f"handles must hold at least one client, got {handles!r}")
+        check_distinct_client_ids("handles", self.client_ids)
 
     @property
     def client_ids(self) -> list[str]:
@@ -231,6 +279,26 @@ class HandleDataSource:
     def iterator(self, seed: int) -> ClientSampler:
         """A sampler of clients seeded with ``seed`` (an int >= 0)."""
         return ClientSampler(self._handles, seed, self._sampling)
+
+    def describe_configuration(self) -> dict[str, Any] | None:
+        """The shapes of the clients' data, hashed, when they are known without loading.
+
+        ``{"client_data_shapes_sha256": ...}`` over every client's id and the shape and
+        dtype of each array (or the type of each other value) of its data, when every
+        loader reads from a table held in memory (:class:`TableBackedLoader`, as
+        :class:`InMemoryDataSource`'s do); ``None`` otherwise. The ids themselves are in
+        the sampler's description. ``train_model`` records it to refuse resuming on
+        other client data (of other sizes).
+        """
+        loaders = [handle.loader for handle in self._handles]
+        if not all(isinstance(loader, TableBackedLoader) for loader in loaders):
+            return None
+        shapes = sorted(
+            (loader.client_id, _data_shapes(loader.table.data[loader.client_id]))
+            for loader in loaders
+        )
+        digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()
+        return {"client_data_shapes_sha256": digest}
 
 
 class InMemoryDataSource(HandleDataSource):

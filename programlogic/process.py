@@ -34,7 +34,18 @@ class LearningProcess(Protocol):
 
     Any of the four may be sync or async. A process must not mutate a state it was
     given: ``train_model`` may still be saving the previous round's state while the
-    next round computes.
+    next round computes. A state keeps the structure of ``initialize()``'s (the same
+    paths, and arrays of the same shapes and dtypes): ``train_model`` refuses to resume
+    a saved state that does not fit the initial one.
+
+    Optionally, a plain (sync) method ``describe_configuration()`` returns a JSON-able
+    dict of the hyperparameters a resumed run must share (learning rates, the model's
+    layers and shapes, preprocessing), equal for two processes built with the same
+    arguments, or ``None``. ``train_model`` records it in every checkpoint and refuses
+    to resume with another one unless told to
+    (``resume_with_changed_configuration=True``). It is not one of the protocol's
+    members, so processes without it still satisfy ``isinstance``; without it, nothing
+    of the configuration is compared.
     """
 
     def initialize(self) -> Any | Awaitable[Any]:

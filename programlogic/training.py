@@ -16,8 +16,9 @@ from managers.clock import Clock, SystemClock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from programlogic._checks import check_arguments, check_output, warn_of_long_waits
+from programlogic._configuration import describe_run
 from programlogic._persister import Persister
-from programlogic._resume import check_resumable
+from programlogic._resume import load_resumable
 from programlogic._stopper import Stopper
 from programlogic.checkpoint import Checkpoint
 from programlogic.context import get_context
@@ -101,6 +102,7 @@ async def train_model(
     clock: Clock | None = None,
     stopping: StoppingPolicy | None = None,
     stopping_waits_for_evaluations: bool = False,
+    resume_with_changed_configuration: bool = False,
 ) -> TrainingResult:
     """Train ``train_process`` for ``train_total_rounds`` rounds, resuming where it stopped.
 
@@ -140,12 +142,16 @@ async def train_model(
     evaluation round (a warning is logged when it is longer).
 
     Resuming: the newest version of ``program_state_manager`` is loaded and checked
-    first: a checkpoint written with another seed, number of clients per round or
-    sampler (the data source's ``describe()``, compared as an opaque value; for a dict,
-    the differing keys are named) raises :class:`~programlogic.exceptions.ResumeError`
-    naming what differs, and a checkpoint in a format this code does not read (written
-    by a newer version) raises :class:`~programlogic.exceptions.CheckpointFormatError`,
-    both before any evaluation is resumed. Then the evaluations in
+    before any evaluation is resumed. :class:`~programlogic.exceptions.ResumeError`
+    names what differs when it was written with another seed, number of clients per
+    round or sampler (the iterator's ``describe()``, opaque; for a dict, the differing
+    keys), when its train state does not fit the process's initial state (the first
+    path whose presence, shape or dtype differs), or when the configuration the process
+    and the data source describe (their optional ``describe_configuration()``, recorded
+    in every checkpoint) differs: that one, and only that one, may change on purpose
+    with ``resume_with_changed_configuration=True``; the new one is saved from then on.
+    A checkpoint in a format this code does not read (written by a newer version)
+    raises :class:`~programlogic.exceptions.CheckpointFormatError`. Then the evaluations in
     flight are resumed, the loaded round's metrics are released again and its
     evaluation started again (releases are idempotent by key, starting an evaluation
     twice is a no-op), so a crash right after a save loses nothing; training continues
@@ -186,6 +192,7 @@ async def train_model(
         clock=clock,
         stopping=stopping,
         stopping_waits_for_evaluations=stopping_waits_for_evaluations,
+        resume_with_changed_configuration=resume_with_changed_configuration,
     )
     iterator = train_data_source.iterator(seed)
     try:
@@ -203,6 +210,8 @@ async def train_model(
     )
     program = _Program(
         process=train_process,
+        data_source=train_data_source,
+        allow_changed_configuration=resume_with_changed_configuration,
         iterator=iterator,
         sampler=iterator.describe(),
         per_round_clients=train_per_round_clients,
@@ -254,6 +263,8 @@ class _Program:
     """One ``train_model`` call: its arguments, and the steps of a run over them."""
 
     process: LearningProcess
+    data_source: FederatedDataSource
+    allow_changed_configuration: bool
     iterator: FederatedDataSourceIterator
     sampler: Any
     per_round_clients: int
@@ -265,11 +276,23 @@ class _Program:
     clock: Clock
     persister: Persister
     stopper: Stopper
+    configuration: dict[str, Any] | None = None
 
     async def run(self) -> TrainingResult:
         """Train from the initial state or the newest checkpoint to the last round."""
         initial_state = await as_async(self.process.initialize)()
-        loaded, resumed_from = await self._load(initial_state)
+        self.configuration = await anyio.to_thread.run_sync(
+            describe_run, self.process, self.data_source
+        )
+        loaded, resumed_from = await load_resumable(
+            self.state_manager,
+            initial_state,
+            total_rounds=self.total_rounds,
+            sampler=self.sampler,
+            per_round_clients=self.per_round_clients,
+            configuration=self.configuration,
+            allow_changed_configuration=self.allow_changed_configuration,
+        )
         # The persister saves and releases one round while the loop computes the next; an
         # unbuffered stream holds the loop back until the previous round is taken. This
         # method owns the receiving end: it stays open when the persister fails, so the
@@ -299,21 +322,6 @@ class _Program:
             stop_reason=reason,
             resumed_from=resumed_from,
         )
-
-    async def _load(self, initial_state: Any) -> tuple[Checkpoint | None, int | None]:
-        """The newest checkpoint and its version, checked against this run; or ``None``s."""
-        saved, version = await self.state_manager.load_latest(Checkpoint.template(initial_state))
-        if saved is None:
-            return None, None
-        checkpoint = Checkpoint.from_saved(saved, version)
-        check_resumable(
-            checkpoint,
-            version,
-            total_rounds=self.total_rounds,
-            sampler=self.sampler,
-            per_round_clients=self.per_round_clients,
-        )
-        return checkpoint, version
 
     async def _start(self, initial_state: Any, loaded: Checkpoint | None) -> Checkpoint:
         """The round training continues from: round 0, saved now, or the loaded round,
@@ -382,6 +390,7 @@ class _Program:
             per_round_clients=self.per_round_clients,
             evaluation_due=due,
             last_evaluation=last_evaluation,
+            configuration=self.configuration,
         )
 
     async def _release_final(self, checkpoint: Checkpoint) -> None:

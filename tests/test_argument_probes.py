@@ -327,6 +327,7 @@ def probes() -> list[Probe]:
                 ("evaluation_periodicity", -MINUTE, ValueError),
                 ("evaluation_periodicity", 1.5, TypeError),
                 ("stopping_waits_for_evaluations", 1, TypeError),
+                ("resume_with_changed_configuration", 1, TypeError),
                 ("clock", 3, TypeError),
             ],
         ),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import dataclasses
 import functools
 import math
 import threading
@@ -162,6 +163,18 @@ class GroupedProcess(abc.ABC):
         self.preprocess = preprocess
         self.clients_per_group = clients_per_group
         self._compiled = self._compile()
+
+    def describe_configuration(self) -> dict[str, Any]:
+        """What a resumed run must share: the model (:meth:`FunctionalModel.describe`) and
+        the preprocessing, as a JSON-able dict.
+
+        ``clients_per_group`` is left out: it is how the work is split, which a resumed
+        run (on another machine, say) may change.
+        """
+        preprocess = dataclasses.asdict(self.preprocess)
+        if preprocess["feature_shape"] is not None:
+            preprocess["feature_shape"] = list(preprocess["feature_shape"])
+        return {"model": self.model.describe(), "preprocess": preprocess}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -130,6 +130,16 @@ class WeightedFedAvg(GroupedProcess):
         self.seed = seed
         super().__init__(model, preprocess, clients_per_group)
 
+    def describe_configuration(self) -> dict[str, Any]:
+        """The model and preprocessing (see ``GroupedProcess``), both optimizers'
+        hyperparameters and the seed of the client shuffles, as a JSON-able dict."""
+        return {
+            **super().describe_configuration(),
+            "client_optimizer": self.client_optimizer.describe(),
+            "server_optimizer": self.server_optimizer.describe(),
+            "seed": self.seed,
+        }
+
     def initialize(self) -> dict[str, Any]:
         """The round-0 state: the model's initial weights and a fresh server optimizer."""
         weights = self.model.initial_weights()

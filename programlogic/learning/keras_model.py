@@ -101,6 +101,24 @@ class FunctionalModel:
         for variable, value in zip(self.model.weights, state["weights"], strict=True):
             variable.assign(value)
 
+    def describe(self) -> dict[str, Any]:
+        """The model's input shape, layers, loss and metrics, as a JSON-able dict.
+
+        Each layer by its class name, the shapes and dtypes of its weights, its dtype
+        policy and, where it has them, its activation (by name), padding, strides and
+        pool size; a nested model by its own layers. Made of values that do not change
+        across Keras versions (no ``to_json``, no generated layer names).
+        """
+        loss: dict[str, Any] = {"class": type(self.loss).__name__}
+        if isinstance(getattr(self.loss, "from_logits", None), bool):
+            loss["from_logits"] = self.loss.from_logits
+        return {
+            "input_shape": None if self.input_shape is None else _json_value(self.input_shape),
+            "layers": [_describe_layer(layer) for layer in self.model.layers],
+            "loss": loss,
+            "metrics": list(self.metrics),
+        }
+
     def initial_weights(self) -> ModelWeights:
         """The weights the model was built with, as NumPy arrays."""
         return {
@@ -173,6 +191,38 @@ class FunctionalModel:
             correct = tf.cast(tf.equal(predicted, tf.reshape(y, tf.shape(predicted))), tf.float32)
             sums["sparse_categorical_accuracy"] = tf.reduce_sum(correct * mask)
         return loss, list(new_non_trainable), sums
+
+
+_LAYER_SETTINGS = ("activation", "padding", "strides", "pool_size")
+"""Layer attributes that change what a layer computes without changing its weights."""
+
+
+def _describe_layer(layer: Any) -> dict[str, Any]:
+    described: dict[str, Any] = {"class": type(layer).__name__}
+    inner = getattr(layer, "layers", None)
+    if isinstance(inner, list):
+        described["layers"] = [_describe_layer(each) for each in inner]
+    else:
+        described["weights"] = [
+            [[int(size) for size in v.shape], str(v.dtype)] for v in layer.weights
+        ]
+    policy = getattr(layer, "dtype_policy", None)
+    if policy is not None:
+        described["dtype_policy"] = str(getattr(policy, "name", policy))
+    for setting in _LAYER_SETTINGS:
+        value = getattr(layer, setting, None)
+        if value is not None:
+            described[setting] = _json_value(value)
+    return described
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON: functions by name, sequences as lists, other values as str."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(each) for each in value]
+    return getattr(value, "__name__", None) or type(value).__name__
 
 
 def bucket(count: int) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,25 @@ class Optimizer(abc.ABC):
         self, state: dict[str, Any], weights: Sequence[Any], gradients: Sequence[Any]
     ) -> tuple[dict[str, Any], list[Any]]:
         """One step: ``(new_state, new_weights)``."""
+
+    def describe(self) -> dict[str, Any]:
+        """Its class name and, for a dataclass optimizer, its fields (the hyperparameters).
+
+        What a learning process's ``describe_configuration`` reports of it; JSON-able.
+        """
+        fields = dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        return {"class": type(self).__name__, **{k: _json(v) for k, v in fields.items()}}
+
+
+def _json(value: Any) -> Any:
+    """A hyperparameter as JSON: NumPy numbers as Python's, other objects by name."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return getattr(value, "__name__", None) or type(value).__name__
 
 
 def _check_rate(name: str, value: float, *, upper: float | None = None) -> None:

@@ -129,6 +129,10 @@ class FakeLearningProcess:
         self._clock = clock
         self._round_duration = round_duration
 
+    def describe_configuration(self) -> dict[str, Any]:
+        """Its ``dim`` and ``learning_rate``: what a resumed run must share."""
+        return {"dim": self.dim, "learning_rate": self.learning_rate}
+
     async def initialize(self) -> dict[str, Any]:
         return {"weights": np.zeros(self.dim), "rounds": 0}
 

@@ -93,3 +93,24 @@ class TestEmnistHDF5DataSource(FederatedDataSourceContract):
                     group.create_dataset("pixels", data=pixels)
                     group.create_dataset("label", data=np.arange(k + 1, dtype=np.int32) % 10)
         return lambda: load_emnist_h5(train).train
+
+
+class DuplicatingSource:
+    """A source of one's own whose client ids hold one id twice."""
+
+    def __init__(self) -> None:
+        self.inner = FakeDataSource(4)
+
+    @property
+    def client_ids(self) -> list[str]:
+        return [*self.inner.client_ids, "client_2"]
+
+    def iterator(self, seed: int):
+        return self.inner.iterator(seed)
+
+
+@pytest.mark.anyio
+async def test_the_suite_fails_a_source_whose_client_ids_repeat() -> None:
+    suite = FederatedDataSourceContract()
+    with pytest.raises(AssertionError, match=r"must be distinct.*\['client_2'\]"):
+        await suite.test_client_ids_are_distinct_strings_in_a_stable_order(DuplicatingSource)

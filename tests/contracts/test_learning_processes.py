@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from programlogic import ClientHandle, InMemoryDataSource, LearningProcessOutput
+from programlogic import ClientHandle, InMemoryDataSource, LearningProcessOutput, LocalContext
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.testing import FakeDataSource, FakeLearningProcess
 from programlogic.testing.contracts import LearningProcessContract
@@ -22,6 +22,14 @@ class TestFakeLearningProcess(LearningProcessContract):
     @pytest.fixture
     def process(self) -> FakeLearningProcess:
         return FakeLearningProcess(dim=3)
+
+    @pytest.fixture
+    def make_process(self):
+        return lambda: FakeLearningProcess(dim=3)
+
+    @pytest.fixture
+    def other_process(self) -> FakeLearningProcess:
+        return FakeLearningProcess(dim=3, learning_rate=0.1)
 
     @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
@@ -69,27 +77,39 @@ def tiny_clients() -> list[ClientHandle]:
 
 
 @functools.cache
-def fed_avg():
+def fed_avg(client_optimizer=None):
     from programlogic.learning import build_weighted_fed_avg, softmax_regression
 
     return build_weighted_fed_avg(
         functools.partial(softmax_regression, (FEATURES,), CLASSES),
+        client_optimizer,
         preprocess=Preprocessing(epochs=2, batch_size=4, shuffle_buffer=8),
         seed=5,
     )
 
 
 @functools.cache
-def fed_eval():
+def fed_eval(preprocess=None):
     from programlogic.learning import build_fed_eval, softmax_regression
 
-    return build_fed_eval(functools.partial(softmax_regression, (FEATURES,), CLASSES))
+    model_fn = functools.partial(softmax_regression, (FEATURES,), CLASSES)
+    return build_fed_eval(model_fn, preprocess=preprocess)
 
 
 class TestWeightedFedAvg(LearningProcessContract):
     @pytest.fixture
     def process(self):
         return fed_avg()
+
+    @pytest.fixture
+    def make_process(self):
+        return fed_avg.__wrapped__
+
+    @pytest.fixture
+    def other_process(self):
+        from programlogic.learning import sgd
+
+        return fed_avg.__wrapped__(sgd(0.01))
 
     @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
@@ -102,5 +122,59 @@ class TestFedEval(LearningProcessContract):
         return fed_eval()
 
     @pytest.fixture
+    def make_process(self):
+        return fed_eval.__wrapped__
+
+    @pytest.fixture
+    def other_process(self):
+        return fed_eval.__wrapped__(Preprocessing(epochs=1, batch_size=7, shuffle_buffer=0))
+
+    @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
         return tiny_clients()
+
+
+class Unstable(FakeLearningProcess):
+    """A process whose description holds something of the object (as ``repr`` would)."""
+
+    def describe_configuration(self) -> dict:
+        return {**super().describe_configuration(), "built": id(self)}
+
+
+@pytest.mark.anyio
+async def test_the_suite_fails_a_description_that_differs_between_builds() -> None:
+    suite = TestFakeLearningProcess()
+    with pytest.raises(AssertionError, match="must describe the same configuration"):
+        await suite.test_a_process_built_again_describes_the_same_configuration(
+            Unstable(dim=3), lambda: Unstable(dim=3)
+        )
+    with pytest.raises(AssertionError, match="must return JSON"):
+        await suite.test_a_configuration_description_is_a_json_dict_the_same_each_time(
+            type(
+                "Tupled", (FakeLearningProcess,), {"describe_configuration": lambda _: {"a": (1,)}}
+            )()
+        )
+
+
+class Growing(FakeLearningProcess):
+    """A process whose state keeps a growing history: it could not resume."""
+
+    async def initialize(self) -> dict:
+        return {**await super().initialize(), "history": []}
+
+    async def next(self, state, clients):
+        own = {"weights": state["weights"], "rounds": state["rounds"]}
+        output = await super().next(own, clients)
+        history = [*state["history"], output.metrics["client_work"]["train"]["loss"]]
+        return LearningProcessOutput({**output.state, "history": history}, output.metrics)
+
+
+@pytest.mark.anyio
+async def test_the_suite_fails_a_state_whose_structure_drifts() -> None:
+    suite = TestFakeLearningProcess()
+    clients = FakeDataSource(5, dim=2).iterator(1).select(3, 1)
+    async with LocalContext(max_workers=2) as context:
+        with pytest.raises(AssertionError, match=r"keep the paths.*history/0: shape"):
+            await suite.test_next_keeps_the_structure_of_the_initial_state(
+                Growing(), clients, context
+            )

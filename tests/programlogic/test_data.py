@@ -5,8 +5,10 @@ import pytest
 from programlogic import (
     AllClientsDataSource,
     ClientHandle,
+    ClientSampler,
     ClientTable,
     FederatedDataSource,
+    HandleDataSource,
     InMemoryDataSource,
     Sampling,
     TableBackedLoader,
@@ -219,3 +221,29 @@ async def test_sources_that_list_every_client_are_all_clients_data_sources() -> 
     assert isinstance(FakeDataSource(3), AllClientsDataSource)
     assert isinstance(SamplingOnly(), FederatedDataSource)
     assert not isinstance(SamplingOnly(), AllClientsDataSource)
+
+
+async def test_a_source_of_handles_with_duplicated_ids_is_refused_naming_them() -> None:
+    handles = [ClientHandle(f"c{i % 7}", list) for i in range(10)]
+    with pytest.raises(ValueError, match=r"handles.*duplicated client ids: \['c0', 'c1', 'c2'\]"):
+        HandleDataSource(handles)
+    many = [ClientHandle(f"c{i % 30}", list) for i in range(80)]
+    with pytest.raises(
+        ValueError, match=r"\['c0', 'c1', 'c2', 'c3', 'c4'\] and 25 more \(30 ids appear"
+    ):
+        HandleDataSource(many)
+
+
+async def test_a_sampler_of_handles_with_duplicated_ids_is_refused() -> None:
+    # A "distinct" uniform round used to pick the same client twice.
+    handles = [ClientHandle(f"c{i}", list) for i in range(199)] + [ClientHandle("c5", list)]
+    with pytest.raises(ValueError, match=r"duplicated client ids: \['c5'\] \(1 id appears"):
+        ClientSampler(handles, seed=0)
+
+
+async def test_distinct_handles_give_rounds_of_distinct_clients() -> None:
+    source = HandleDataSource([ClientHandle(f"c{i}", list) for i in range(12)])
+    iterator = source.iterator(3)
+    for round_num in range(200):
+        chosen = ids(iterator.select(12, round_num))
+        assert len(set(chosen)) == 12

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import operator
@@ -27,7 +26,13 @@ import tensorflow_federated as tff
 
 from managers.validation import check_callable, check_int
 from programlogic._deprecation import moved_names
-from programlogic.data import ClientHandle, FederatedDataSource, HandleDataSource, Sampling
+from programlogic.data import (
+    ClientHandle,
+    FederatedDataSource,
+    HandleDataSource,
+    Sampling,
+    check_distinct_client_ids,
+)
 from programlogic.exceptions import ResumeError
 
 __all__ = [
@@ -72,10 +77,7 @@ class FederatedDataSourceFromTFF(HandleDataSource):
     ) -> None:
         check_callable("load", load, allow_none=True)
         handles, federated_type = _handles(source, load)
-        counts = collections.Counter(handle.client_id for handle in handles)
-        if len(counts) != len(handles):
-            duplicated = sorted(client_id for client_id, count in counts.items() if count > 1)
-            raise ValueError(f"source has duplicated client ids: {duplicated[:5]!r}")
+        check_distinct_client_ids("source", (handle.client_id for handle in handles))
         super().__init__(handles, sampling=sampling)
         self._source = source
         self._federated_type = federated_type

@@ -15,13 +15,16 @@ restarted program builds again)::
             write_my_files(tmp_path)
             return lambda: MySource(tmp_path)
 
-The source needs at least two clients. Client data is compared with
+The source needs at least two clients, with distinct ids. A source with a
+``describe_configuration()`` is also checked for a JSON-able description, equal for
+two sources built alike. Client data is compared with
 :meth:`FederatedDataSourceContract.assert_same_data` (NumPy's ``assert_equal``: nested
 lists, tuples and dicts of arrays and scalars); override it for other kinds of data.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import pickle
 from collections.abc import Callable
@@ -83,7 +86,11 @@ class FederatedDataSourceContract(Contract):
         ids = list(source.client_ids)
         assert len(ids) >= 2, "the suite needs a source of at least two clients"
         assert all(isinstance(client_id, str) for client_id in ids)
-        assert len(set(ids)) == len(ids)
+        duplicated = sorted(i for i, count in collections.Counter(ids).items() if count > 1)
+        assert not duplicated, (
+            f"client ids must be distinct (a round of distinct clients could hold one "
+            f"twice), these occur more than once: {duplicated[:5]!r}"
+        )
         assert list(source.client_ids) == ids
         assert list(make_source().client_ids) == ids
 
@@ -184,6 +191,19 @@ class FederatedDataSourceContract(Contract):
         assert json.loads(json.dumps(description)) == description
         assert make_source().iterator(3).describe() == description
         assert make_source().iterator(4).describe() != description
+
+    async def test_a_configuration_description_is_json_and_equal_for_an_equal_source(
+        self, make_source: Callable[[], FederatedDataSource]
+    ) -> None:
+        describe = getattr(make_source(), "describe_configuration", None)
+        description = None if describe is None else describe()
+        if description is None:
+            pytest.skip("the source does not describe its configuration")
+        assert isinstance(description, dict), (
+            f"describe_configuration() must return a dict or None, got {description!r}"
+        )
+        assert json.loads(json.dumps(description, allow_nan=False)) == description
+        assert make_source().describe_configuration() == description  # type: ignore[attr-defined]
 
     # Client data.
 

@@ -18,6 +18,11 @@ process needs another context than :class:`~programlogic.contexts.local.LocalCon
         def clients(self):
             return InMemoryDataSource(my_client_data()).all_clients()
 
+A process that describes its configuration (``describe_configuration()``) is also
+checked for a JSON-able description, the same for a process built again with the same
+arguments (override ``make_process``) and another for another hyperparameter (override
+``other_process``); each check is skipped when its fixture is not given.
+
 The suite calls the process as ``train_model`` does: each method may be sync or async,
 a sync one runs through the current context (:func:`~programlogic.process.as_async`).
 States and weights are compared leaf by leaf, bit for bit, with
@@ -27,6 +32,7 @@ deterministic only up to a tolerance.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +45,7 @@ from managers.state.base import ProgramStateManager
 from managers.state.file import FileProgramStateManager
 from managers.state.memory import MemoryProgramStateManager
 from managers.structure import flatten
+from programlogic._resume import state_misfit
 from programlogic.context import FederatedContext
 from programlogic.contexts.local import LocalContext
 from programlogic.data import ClientHandle
@@ -65,6 +72,16 @@ class LearningProcessContract(Contract):
     def clients(self) -> Sequence[ClientHandle]:
         """The client handles of a round (override this fixture)."""
         pytest.fail(f"{type(self).__name__} must override the clients fixture")
+
+    @pytest.fixture
+    def make_process(self) -> Callable[[], LearningProcess] | None:
+        """A callable building the process again with the same arguments (optional)."""
+        return None
+
+    @pytest.fixture
+    def other_process(self) -> LearningProcess | None:
+        """The process built with one hyperparameter changed (optional)."""
+        return None
 
     @pytest.fixture
     def make_context(self) -> Callable[[], FederatedContext]:
@@ -120,6 +137,22 @@ class LearningProcessContract(Contract):
         assert all(isinstance(path, str) and path for path in paths)
         dumps(output.metrics)  # train_model saves a round's metrics with its checkpoint
         assert flatten(output.state), "next returned an empty state"
+
+    async def test_next_keeps_the_structure_of_the_initial_state(
+        self,
+        process: LearningProcess,
+        clients: Sequence[ClientHandle],
+        context: FederatedContext,
+    ) -> None:
+        # train_model refuses to resume a saved state of another structure than the
+        # initial state's: a state whose paths, shapes or dtypes drift could not resume.
+        initial = await as_async(process.initialize)()
+        state = (await as_async(process.next)(initial, clients)).state
+        misfit = state_misfit(state, initial)
+        assert misfit is None, (
+            "the state after a round must keep the paths, shapes and dtypes of the "
+            f"initial state; at {misfit.replace('this run', 'initial state')}"
+        )
 
     async def test_next_does_not_change_the_state_it_was_given(
         self,
@@ -182,3 +215,50 @@ class LearningProcessContract(Contract):
         resumed = await next_round(loaded["train_state"], clients)
         self.assert_same(resumed.state, second.state)
         self.assert_same(resumed.metrics, second.metrics)
+
+    # Describing the configuration.
+
+    async def test_a_configuration_description_is_a_json_dict_the_same_each_time(
+        self, process: LearningProcess
+    ) -> None:
+        description = _description(process)
+        assert isinstance(description, dict), (
+            f"describe_configuration() must return a dict or None, got {description!r}"
+        )
+        assert json.loads(json.dumps(description, allow_nan=False)) == description, (
+            "describe_configuration() must return JSON: str keys; dicts, lists, str, int, "
+            f"float, bool and None values; got {description!r}"
+        )
+        assert _description(process) == description
+
+    async def test_a_process_built_again_describes_the_same_configuration(
+        self,
+        process: LearningProcess,
+        make_process: Callable[[], LearningProcess] | None,
+    ) -> None:
+        if make_process is None:
+            pytest.skip(f"{type(self).__name__} does not override make_process")
+        assert _description(make_process()) == _description(process), (
+            "a process built with the same arguments must describe the same configuration "
+            "(no object ids, generated names or text that changes between builds)"
+        )
+
+    async def test_another_hyperparameter_describes_another_configuration(
+        self, process: LearningProcess, other_process: LearningProcess | None
+    ) -> None:
+        if other_process is None:
+            pytest.skip(f"{type(self).__name__} does not override other_process")
+        description = _description(process)
+        assert _description(other_process) != description, (
+            "a process built with another hyperparameter describes the same configuration: "
+            f"{description!r}"
+        )
+
+
+def _description(process: LearningProcess) -> Any:
+    """What ``process`` describes of its configuration; skips a process that does not."""
+    describe = getattr(process, "describe_configuration", None)
+    description = None if describe is None else describe()
+    if description is None:
+        pytest.skip(f"{type(process).__name__} does not describe its configuration")
+    return description
