@@ -434,7 +434,7 @@ async def test_a_structured_dtype_counts_its_nesting():
 async def test_as_many_values_as_the_limit_round_trip_one_more_raises():
     values = [0] * (MAX_NODES - 1)  # and the list itself
     assert loads(dumps(values)) == values
-    with pytest.raises(SerializationError, match=f"at 'history': .*more than {MAX_NODES:,}"):
+    with pytest.raises(SerializationError, match=rf"at 'history/\d+': .*more than {MAX_NODES:,}"):
         dumps({"history": [0] * MAX_NODES})
 
 
@@ -555,7 +555,7 @@ async def test_malformed_trees_raise_serialization_error(tree, blobs, message):
     "tree",
     [
         b"[" * 900 + b"]" * 900,
-        b'{"$tuple": ' * 900 + b"[]" + b"}" * 900,
+        b'{"$tuple": [' * 500 + b"]}" * 500,
         b'{"k": ' * 900 + b"1" + b"}" * 900,
         b'{"$array": [' * 1 + b'{"names": ["f"], "formats": [' * 300 + b'"<f4"' + b"]}" * 300
         + b', [1], 0, "C"]}',
