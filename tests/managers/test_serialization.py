@@ -557,7 +557,10 @@ async def test_malformed_trees_raise_serialization_error(tree, blobs, message):
         b"[" * 900 + b"]" * 900,
         b'{"$tuple": [' * 500 + b"]}" * 500,
         b'{"k": ' * 900 + b"1" + b"}" * 900,
-        b'{"$array": [' * 1 + b'{"names": ["f"], "formats": [' * 300 + b'"<f4"' + b"]}" * 300
+        b'{"$array": [' * 1
+        + b'{"names": ["f"], "formats": [' * 300
+        + b'"<f4"'
+        + b"]}" * 300
         + b', [1], 0, "C"]}',
     ],
     ids=["lists", "tuples", "dicts", "dtype"],

@@ -146,7 +146,10 @@ async def test_load_latest_sets_aside_what_is_not_a_regular_file_at_the_newest_n
     make(newest, tmp_path)
     aside = root / f"{name_of(3)}.unreadable"
     async with FileProgramStateManager(root) as manager:
-        with caplog.at_level(logging.WARNING, logger=LOGGER), FifoGuard(tmp_path / "a-fifo") as guard:
+        with (
+            caplog.at_level(logging.WARNING, logger=LOGGER),
+            FifoGuard(tmp_path / "a-fifo") as guard,
+        ):
             loaded = await manager.load_latest()
         assert not guard.had_to_unblock, "load_latest blocked opening a FIFO"
         assert_loaded(loaded, 2)
@@ -271,7 +274,9 @@ async def test_a_state_beyond_the_limits_is_not_saved_and_the_error_names_its_pa
     async with FileProgramStateManager(tmp_path) as manager:
         with pytest.raises(SerializationError, match=r"at 'model/0/0/.*': it nests deeper"):
             await manager.save({"model": deep}, 1)
-        with pytest.raises(SerializationError, match=rf"at 'history/\d+': .*more than {MAX_NODES:,}"):
+        with pytest.raises(
+            SerializationError, match=rf"at 'history/\d+': .*more than {MAX_NODES:,}"
+        ):
             await manager.save({"history": [0.5] * MAX_NODES}, 1)
         assert await manager.get_versions() == []
     assert not [name for name in os.listdir(tmp_path) if "plstate" in name and "lock" not in name]
@@ -322,7 +327,11 @@ async def test_on_all_damaged_start_fresh_sets_them_aside_and_starts_over(tmp_pa
 @pytest.mark.parametrize(
     ("value", "error", "message"),
     [
-        ("ignore", ValueError, "on_all_damaged must be one of 'raise', 'start_fresh', got 'ignore'"),
+        (
+            "ignore",
+            ValueError,
+            "on_all_damaged must be one of 'raise', 'start_fresh', got 'ignore'",
+        ),
         (True, TypeError, "on_all_damaged must be one of 'raise', 'start_fresh', got bool True"),
     ],
 )
