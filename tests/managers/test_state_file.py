@@ -369,7 +369,7 @@ async def test_load_latest_with_every_version_damaged_raises_unless_told_to_star
     async with FileProgramStateManager(tmp_path) as manager:
         await manager.save(state_of(0), 0)
         empty(tmp_path / "program_state_0.plstate")
-        with pytest.raises(AllVersionsDamagedError, match="program_state_0.plstate"):
+        with pytest.raises(AllVersionsDamagedError, match=r"program_state_0\.plstate"):
             await manager.load_latest()
         assert await manager.get_versions() == [0]
     async with FileProgramStateManager(tmp_path, on_all_damaged="start_fresh") as manager:

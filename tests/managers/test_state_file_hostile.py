@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from managers.exceptions import AllVersionsDamagedError, ManagerError
-from managers.serialization import MAX_DEPTH, MAX_NODES, SerializationError, dumps
+from managers.serialization import MAX_DEPTH, MAX_NODES, SerializationError
 from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
 
 pytestmark = pytest.mark.anyio
