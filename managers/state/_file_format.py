@@ -21,7 +21,13 @@ from managers._files import fsync_directory
 from managers.exceptions import AllVersionsDamagedError
 from managers.serialization import HEADER_SIZE, SerializationError, payload_size
 
-__all__ = ["all_damaged_error", "read_version_file", "set_aside", "write_all"]
+__all__ = [
+    "all_damaged_error",
+    "is_regular_or_missing",
+    "read_version_file",
+    "set_aside",
+    "write_all",
+]
 
 # Errors of open(2) that say what is at the name is not a file one can read.
 _NOT_A_FILE = {errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.ENOTDIR, errno.EOPNOTSUPP}
@@ -101,6 +107,15 @@ def _read_payload(fd: int, size: int, path: Path) -> np.ndarray:
                 )
             filled += count
     return buffer
+
+
+def is_regular_or_missing(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a symbolic link to one), or nothing:
+    a name that a save may recycle or delete."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return True
 
 
 def set_aside(path: Path) -> Path:

@@ -3,11 +3,12 @@ shared by the managers that only read it."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "is_writable", "lock_directory"]
+__all__ = ["LOCK_NAME", "is_writable", "lock_directory", "read_only_error"]
 
 LOCK_NAME = ".plstate.lock"
 
@@ -50,3 +51,13 @@ def lock_directory(directory: Path, *, writable: bool) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def read_only_error(directory: Path, action: str) -> PermissionError:
+    """The error of a manager asked to ``action`` in a ``directory`` it opened read-only."""
+    return PermissionError(
+        errno.EACCES,
+        f"cannot {action}: this process cannot write the program-state directory, which "
+        "the manager therefore opened read-only (it loads versions only)",
+        str(directory),
+    )

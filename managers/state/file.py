@@ -29,7 +29,6 @@ waited on. A symbolic link to a regular file is followed.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -45,8 +44,14 @@ import anyio.to_thread
 from managers._files import fsync_directory
 from managers.exceptions import ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError, dumps_buffers, loads
-from managers.state._file_format import all_damaged_error, read_version_file, set_aside, write_all
-from managers.state._file_lock import is_writable, lock_directory
+from managers.state._file_format import (
+    all_damaged_error,
+    is_regular_or_missing,
+    read_version_file,
+    set_aside,
+    write_all,
+)
+from managers.state._file_lock import is_writable, lock_directory, read_only_error
 from managers.state.base import ProgramStateManager, check_version
 from managers.validation import check_bool, check_choice, check_int, check_path, check_str
 
@@ -206,11 +211,10 @@ class FileProgramStateManager(ProgramStateManager):
             fd = lock_directory(self._root, writable=not read_only)
         except BlockingIOError:
             raise StateDirectoryLockedError(
-                f"the program-state directory {self._root} is in use by another manager "
-                "(it holds the directory's lock file); a manager that writes a directory "
-                "excludes every other: close the other one first (`async with "
-                "FileProgramStateManager(...)` or `await manager.aclose()`), also when its "
-                "program failed"
+                f"the program-state directory {self._root} is in use by another manager; "
+                "one that writes a directory excludes every other: close the other one "
+                "first (`async with FileProgramStateManager(...)` or `await "
+                "manager.aclose()`), also when its program failed"
             ) from None
         if fd is not None:
             self._release_lock = weakref.finalize(self, os.close, fd)
@@ -240,12 +244,7 @@ class FileProgramStateManager(ProgramStateManager):
 
     def _check_writable(self, action: str) -> None:
         if self._read_only:
-            raise PermissionError(
-                errno.EACCES,
-                f"cannot {action}: this process cannot write the program-state directory, "
-                "which the manager therefore opened read-only (it loads versions only)",
-                str(self._root),
-            )
+            raise read_only_error(self._root, action)
 
     def _save(self, state: Any, version: int) -> None:
         self._check_writable(f"save program state version {version!r}")
@@ -305,7 +304,11 @@ class FileProgramStateManager(ProgramStateManager):
             if version in keep:
                 continue
             path = self._path(version)
-            if len(self._spares) + len(self._new_spares) < _MAX_SPARES:
+            if not is_regular_or_missing(path):  # never written into, nor deleted
+                logger.warning(
+                    "retention moved %s, not a regular file, to %s", path, set_aside(path)
+                )
+            elif len(self._spares) + len(self._new_spares) < _MAX_SPARES:
                 spare = path.with_name(f".retired_{path.name}.tmp-{secrets.token_hex(4)}")
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(path, spare)
@@ -351,18 +354,11 @@ class FileProgramStateManager(ProgramStateManager):
         """Log each damaged version, and move it aside when the directory is writable."""
         for version, reason in damaged.items():
             path = self._path(version)
-            if self._read_only:
-                logger.warning(
-                    "skipped program state version %d at %s, which is unreadable (%s); "
-                    "left it in place: the directory is read-only for this process",
-                    *(version, path, reason),
-                )
-            else:
-                logger.warning(
-                    "skipped program state version %d at %s, which is unreadable (%s), and "
-                    "moved it to %s",
-                    *(version, path, reason, set_aside(path)),
-                )
+            done = "left it in place: the directory is read-only"
+            if not self._read_only:
+                done = f"moved it to {set_aside(path)}"
+            message = "skipped program state version %d at %s, which is unreadable (%s); %s"
+            logger.warning(message, version, path, reason, done)
 
     def _remove(self, version: object) -> None:
         self._check_writable(f"remove program state version {version!r}")

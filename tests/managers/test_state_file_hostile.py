@@ -66,8 +66,9 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 class FifoGuard:
-    """Unblocks a reader stuck opening ``fifo`` if it is still stuck after a long time,
-    so that a defect fails the test instead of hanging it; records whether it had to."""
+    """Unblocks a reader or writer stuck opening ``fifo`` if it is still stuck after a
+    long time, so that a defect fails the test instead of hanging it; records whether it
+    had to."""
 
     def __init__(self, fifo: Path) -> None:
         self.fifo = fifo
@@ -80,7 +81,7 @@ class FifoGuard:
             return
         self.had_to_unblock = True
         with contextlib.suppress(OSError):
-            os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+            os.close(os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK))  # both ends at once
 
     def __enter__(self) -> FifoGuard:
         self._thread.start()
@@ -185,6 +186,36 @@ async def test_a_symlink_to_a_checkpoint_loads(tmp_path):
     async with FileProgramStateManager(root) as manager:
         state, version = await manager.load_latest()
     assert version == 5 and state["round"] == 1  # version 1's state, linked as version 5
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink-to-a-file", "symlink-to-fifo"])
+async def test_retention_moves_aside_what_is_not_a_regular_file_and_never_writes_into_it(
+    tmp_path, caplog, kind
+):
+    root = tmp_path / "state"
+    await save_versions(root, [1, 2])
+    target = tmp_path / "elsewhere.plstate"
+    target.write_bytes(b"someone else's file")
+    if kind == "directory":
+        make_directory(root / name_of(0), tmp_path)
+    elif kind == "symlink-to-a-file":
+        (root / name_of(0)).symlink_to(target)
+    else:
+        make_fifo(root / name_of(0), tmp_path)
+    async with FileProgramStateManager(root, keep_total=1, keep_first=False) as manager:
+        with (
+            caplog.at_level(logging.WARNING, logger=LOGGER),
+            FifoGuard(tmp_path / "a-fifo") as guard,
+        ):
+            for version in range(3, 8):  # retirements recycle files as spares
+                await manager.save(state_of(version), version)
+        assert not guard.had_to_unblock, "a save blocked opening a FIFO"
+        assert await manager.get_versions() == [7]
+        assert_loaded(await manager.load_latest(), 7)
+    [message] = warnings_of(caplog)
+    assert str(root / name_of(0)) in message
+    assert os.path.lexists(root / f"{name_of(0)}.unreadable")
+    assert target.read_bytes() == b"someone else's file"
 
 
 # Files whose size does not fit their header.
