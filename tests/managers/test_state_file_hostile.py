@@ -9,6 +9,7 @@ import contextlib
 import errno
 import logging
 import os
+import pickle
 import shutil
 import socket
 import stat
@@ -478,3 +479,15 @@ async def test_a_checkpoint_this_user_cannot_read_raises_instead_of_being_set_as
             await manager.load_latest()
     assert raised.value.errno == errno.EACCES
     assert stat.S_ISREG((root / name_of(2)).lstat().st_mode)
+
+
+async def test_all_versions_damaged_error_survives_pickling(tmp_path):
+    """Process pools and Ray ship exceptions pickled: the versions must come along."""
+    root = tmp_path / "state"
+    await save_versions(root, [4])
+    damage(root / name_of(4))
+    async with FileProgramStateManager(root) as manager:
+        with pytest.raises(AllVersionsDamagedError) as raised:
+            await manager.load_latest()
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert copy.versions == [4] and str(copy) == str(raised.value)
