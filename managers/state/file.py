@@ -304,17 +304,23 @@ class FileProgramStateManager(ProgramStateManager):
             if version in keep:
                 continue
             path = self._path(version)
-            if not is_regular_or_missing(path):  # never written into, nor deleted
-                logger.warning(
-                    "retention moved %s, not a regular file, to %s", path, set_aside(path)
-                )
-            elif len(self._spares) + len(self._new_spares) < _MAX_SPARES:
+            if len(self._spares) + len(self._new_spares) < _MAX_SPARES and (
+                is_regular_or_missing(path)  # never written into
+            ):
                 spare = path.with_name(f".retired_{path.name}.tmp-{secrets.token_hex(4)}")
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(path, spare)
                     self._new_spares.append(spare)
             else:
-                path.unlink(missing_ok=True)
+                self._discard(path)
+
+    def _discard(self, path: Path) -> None:
+        """Delete the name ``path``; a directory there, not the manager's to delete, is
+        moved aside instead."""
+        if os.path.isdir(path) and not os.path.islink(path):
+            logger.warning("moved %s, a directory, to %s", path, set_aside(path))
+        else:
+            path.unlink(missing_ok=True)
 
     def _load(self, version: object, structure: Any) -> Any:
         self._check_saved(version)
@@ -363,10 +369,9 @@ class FileProgramStateManager(ProgramStateManager):
     def _remove(self, version: object) -> None:
         self._check_writable(f"remove program state version {version!r}")
         self._check_saved(version)
-        try:
-            self._path(version).unlink()
-        except FileNotFoundError:
-            raise self._not_found(version) from None
+        if not os.path.lexists(self._path(version)):
+            raise self._not_found(version)
+        self._discard(self._path(version))
         fsync_directory(self._root)
 
     def _drop_spares(self) -> None:
@@ -379,7 +384,7 @@ class FileProgramStateManager(ProgramStateManager):
         self._check_writable("remove the program-state versions")
         self._drop_spares()
         for version in self._versions():
-            self._path(version).unlink(missing_ok=True)
+            self._discard(self._path(version))
         fsync_directory(self._root)
 
     def _check_saved(self, version: object) -> None:

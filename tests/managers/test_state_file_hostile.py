@@ -190,7 +190,7 @@ async def test_a_symlink_to_a_checkpoint_loads(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["directory", "symlink-to-a-file", "symlink-to-fifo"])
-async def test_retention_moves_aside_what_is_not_a_regular_file_and_never_writes_into_it(
+async def test_retention_never_writes_into_what_is_not_a_regular_file_nor_deletes_a_directory(
     tmp_path, caplog, kind
 ):
     root = tmp_path / "state"
@@ -213,10 +213,32 @@ async def test_retention_moves_aside_what_is_not_a_regular_file_and_never_writes
         assert not guard.had_to_unblock, "a save blocked opening a FIFO"
         assert await manager.get_versions() == [7]
         assert_loaded(await manager.load_latest(), 7)
-    [message] = warnings_of(caplog)
-    assert str(root / name_of(0)) in message
-    assert os.path.lexists(root / f"{name_of(0)}.unreadable")
     assert target.read_bytes() == b"someone else's file"
+    if kind == "directory":  # not the manager's to delete
+        [message] = warnings_of(caplog)
+        assert str(root / name_of(0)) in message
+        assert (root / f"{name_of(0)}.unreadable" / "inside").read_bytes() == b"kept"
+    else:  # the link alone is deleted
+        assert not os.path.lexists(root / name_of(0))
+        assert warnings_of(caplog) == []
+
+
+async def test_remove_and_remove_all_move_a_directory_aside_instead_of_deleting_it(
+    tmp_path, caplog
+):
+    root = tmp_path / "state"
+    await save_versions(root, [1, 2])
+    make_directory(root / name_of(3), tmp_path)
+    make_directory(root / name_of(4), tmp_path)
+    async with FileProgramStateManager(root) as manager:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            await manager.remove(4)
+            assert await manager.get_versions() == [1, 2, 3]
+            await manager.remove_all()
+        assert await manager.get_versions() == []
+    assert len(warnings_of(caplog)) == 2
+    for version in (3, 4):
+        assert (root / f"{name_of(version)}.unreadable" / "inside").read_bytes() == b"kept"
 
 
 # Files whose size does not fit their header.
