@@ -8,6 +8,7 @@ value references they store. Nothing here imports ``programlogic``.
 
 from managers.clock import Clock, SystemClock
 from managers.exceptions import (
+    AllVersionsDamagedError,
     ManagerError,
     VersionError,
     VersionExistsError,
@@ -38,6 +39,7 @@ from managers.state import (
 from managers.values import ValueReference, materialize
 
 __all__ = [
+    "AllVersionsDamagedError",
     "CSVFileReleaseManager",
     "Clock",
     "DelayedReleaseManager",

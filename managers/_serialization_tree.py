@@ -3,6 +3,10 @@
 :func:`encode` turns a structure into a tree of JSON values and the blob section that
 holds the raw bytes of its arrays and ``bytes`` leaves; :func:`decode` turns them back
 into the structure. The tree's tags are described in :mod:`managers.serialization`.
+
+Both bound the structure alike, so that a crafted payload (its checksum valid) cannot
+exhaust the stack or the memory of the program loading it: at most :data:`MAX_DEPTH`
+levels of containers and at most :data:`MAX_NODES` values.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import numpy as np
 
 from managers.exceptions import SerializationError
 
-__all__ = ["ALIGN", "ZEROS", "Blobs", "decode", "encode"]
+__all__ = ["ALIGN", "MAX_DEPTH", "MAX_NODES", "ZEROS", "Blobs", "decode", "encode"]
+
+MAX_DEPTH = 100
+"""The deepest a stored structure nests: dicts, lists, tuples and dataclasses each count
+one level, and so does each level of a structured dtype's fields."""
+MAX_NODES = 1_000_000
+"""The most values a stored structure holds, containers and leaves alike (an array is
+one value): store long sequences as arrays."""
 
 ALIGN = 16  # arrays start at a multiple of this in the blob section
 ZEROS = bytes(ALIGN)
@@ -33,10 +44,14 @@ def encode(structure: Any) -> tuple[Any, Blobs]:
     Raises:
         TypeError: a leaf cannot be stored, or a dict key is not a ``str`` (the message
             names its path).
+        SerializationError: the structure nests deeper than :data:`MAX_DEPTH` or holds
+            more than :data:`MAX_NODES` values (the message names the path where).
     """
     blobs = Blobs()
     try:
-        return _encode(structure, blobs), blobs
+        return _encode(structure, blobs, 0), blobs
+    except _TooLarge as error:
+        raise SerializationError(error.message()) from None
     except _Unstorable as error:
         raise TypeError(error.message()) from None
 
@@ -56,12 +71,26 @@ class _Unstorable(Exception):
         return f"cannot store {self.subject} {where}: {self.reason}"
 
 
+class _TooLarge(_Unstorable):
+    """A structure beyond :data:`MAX_DEPTH` or :data:`MAX_NODES`."""
+
+
+def _too_deep() -> str:
+    return f"it nests deeper than {MAX_DEPTH} levels"
+
+
+def _too_many() -> str:
+    return f"it holds more than {MAX_NODES:,} values; store long sequences as arrays"
+
+
 class Blobs:
-    """The blob section being built: buffers in order and their total size."""
+    """The blob section being built: buffers in order and their total size; and the
+    number of values encoded so far."""
 
     def __init__(self) -> None:
         self.buffers: list[memoryview] = []
         self.size = 0
+        self.nodes = 0
 
     def add(self, buffer: memoryview, align: int) -> int:
         padding = -self.size % align
@@ -74,7 +103,11 @@ class Blobs:
         return offset
 
 
-def _encode(node: Any, blobs: Blobs) -> Any:
+def _encode(node: Any, blobs: Blobs, depth: int) -> Any:
+    """``node``'s tree; ``depth`` is the number of containers around it."""
+    blobs.nodes += 1
+    if blobs.nodes > MAX_NODES:
+        raise _TooLarge("the structure", _too_many())
     kind = type(node)
     if kind is str:
         if not node.isascii():
@@ -87,28 +120,28 @@ def _encode(node: Any, blobs: Blobs) -> Any:
     if kind is float:
         return node if math.isfinite(node) else {"$float": repr(node)}
     if kind is dict:
-        return _encode_dict(node, blobs)
+        return _encode_dict(node, blobs, depth + 1)
     if kind is list:
-        return _encode_items(node, blobs)
+        return _encode_items(node, blobs, depth + 1)
     if kind is np.ndarray:
-        return _encode_array(node, blobs)
+        return _encode_array(node, blobs, depth)
     if isinstance(node, np.generic):
-        return _encode_scalar(node)
+        return _encode_scalar(node, depth)
     if isinstance(node, tuple):
-        return {"$tuple": _encode_items(node, blobs)}
+        return {"$tuple": _encode_items(node, blobs, depth + 1)}
     if isinstance(node, dict):
-        return _encode_dict(node, blobs)
+        return _encode_dict(node, blobs, depth + 1)
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         fields = {field.name: getattr(node, field.name) for field in dataclasses.fields(node)}
-        return _encode_dict(fields, blobs)
+        return _encode_dict(fields, blobs, depth + 1)
     if kind is bytes:
         return {"$bytes": [blobs.add(memoryview(node), 1), len(node)]}
     if kind is complex:
-        return {"$complex": [_encode(node.real, blobs), _encode(node.imag, blobs)]}
-    return _encode_other(node, blobs)
+        return {"$complex": [_encode(node.real, blobs, depth), _encode(node.imag, blobs, depth)]}
+    return _encode_other(node, blobs, depth)
 
 
-def _encode_other(node: Any, blobs: Blobs) -> Any:
+def _encode_other(node: Any, blobs: Blobs, depth: int) -> Any:
     """Leaves that are not stored as they are: array-likes, or refused ones."""
     kind = type(node)
     if isinstance(node, np.ndarray):
@@ -128,7 +161,7 @@ def _encode_other(node: Any, blobs: Blobs) -> Any:
             array = np.asarray(node)
         except Exception as error:
             raise _Unstorable("leaf", f"np.asarray failed on {kind.__name__}: {error}") from None
-        return _encode_array(array, blobs)
+        return _encode_array(array, blobs, depth)
     raise _Unstorable(
         "leaf",
         f"objects of type {kind.__module__}.{kind.__qualname__} cannot be stored; "
@@ -136,7 +169,9 @@ def _encode_other(node: Any, blobs: Blobs) -> Any:
     )
 
 
-def _encode_dict(items: dict[str, Any], blobs: Blobs) -> dict[str, Any]:
+def _encode_dict(items: dict[str, Any], blobs: Blobs, depth: int) -> dict[str, Any]:
+    if depth > MAX_DEPTH:
+        raise _TooLarge("the structure", _too_deep())
     encoded = {}
     for key, child in items.items():
         if type(key) is not str:
@@ -144,18 +179,20 @@ def _encode_dict(items: dict[str, Any], blobs: Blobs) -> dict[str, Any]:
         if not key.isascii():
             _check_utf8(key, "dict")
         try:
-            encoded[f"${key}" if key[:1] == "$" else key] = _encode(child, blobs)
+            encoded[f"${key}" if key[:1] == "$" else key] = _encode(child, blobs, depth)
         except _Unstorable as error:
             error.keys.append(key)
             raise
     return encoded
 
 
-def _encode_items(items: list[Any] | tuple[Any, ...], blobs: Blobs) -> list[Any]:
+def _encode_items(items: list[Any] | tuple[Any, ...], blobs: Blobs, depth: int) -> list[Any]:
+    if depth > MAX_DEPTH:
+        raise _TooLarge("the structure", _too_deep())
     encoded = []
     for index, child in enumerate(items):
         try:
-            encoded.append(_encode(child, blobs))
+            encoded.append(_encode(child, blobs, depth))
         except _Unstorable as error:
             error.keys.append(str(index))
             raise
@@ -171,7 +208,7 @@ def _check_utf8(text: str, subject: str) -> None:
         ) from None
 
 
-def _encode_array(array: np.ndarray, blobs: Blobs) -> dict[str, list[Any]]:
+def _encode_array(array: np.ndarray, blobs: Blobs, depth: int) -> dict[str, list[Any]]:
     if array.dtype.hasobject:
         raise _Unstorable(
             "leaf",
@@ -188,22 +225,25 @@ def _encode_array(array: np.ndarray, blobs: Blobs) -> dict[str, list[Any]]:
         raw = memoryview(array.reshape(-1).view(np.uint8))
         offset = blobs.add(raw, ALIGN)
     shape = list(array.shape[::-1] if order == "F" else array.shape)
-    return {"$array": [_describe(array.dtype), shape, offset, order]}
+    return {"$array": [_describe(array.dtype, depth), shape, offset, order]}
 
 
-def _encode_scalar(scalar: np.generic) -> dict[str, list[Any]]:
+def _encode_scalar(scalar: np.generic, depth: int) -> dict[str, list[Any]]:
     array = np.asarray(scalar)
     if array.dtype.hasobject:
         raise _Unstorable("leaf", f"numpy scalars of dtype {array.dtype} cannot be stored")
-    return {"$scalar": [_describe(array.dtype), array.tobytes().hex()]}
+    return {"$scalar": [_describe(array.dtype, depth), array.tobytes().hex()]}
 
 
-def _describe(dtype: np.dtype) -> Any:
+def _describe(dtype: np.dtype, depth: int) -> Any:
+    """``dtype`` as the tree stores it; ``depth`` levels hold it."""
+    if (dtype.fields is not None or dtype.subdtype is not None) and depth >= MAX_DEPTH:
+        raise _TooLarge("the structure", _too_deep())
     if dtype.fields is not None:
         names = list(dtype.names)
         description: dict[str, Any] = {
             "names": names,
-            "formats": [_describe(dtype.fields[name][0]) for name in names],
+            "formats": [_describe(dtype.fields[name][0], depth + 1) for name in names],
             "offsets": [dtype.fields[name][1] for name in names],
             "itemsize": dtype.itemsize,
         }
@@ -213,7 +253,7 @@ def _describe(dtype: np.dtype) -> Any:
         return description
     if dtype.subdtype is not None:
         base, shape = dtype.subdtype
-        return [_describe(base), list(shape)]
+        return [_describe(base, depth + 1), list(shape)]
     return dtype.str
 
 
@@ -224,17 +264,30 @@ def decode(tree: Any, section: memoryview) -> Any:
     """The structure that ``tree`` (parsed from JSON) and the blob ``section`` encode.
 
     Raises:
-        SerializationError: the tree is not one that :func:`encode` writes, or points
-            outside ``section``.
+        SerializationError: the tree is not one that :func:`encode` writes (one beyond
+            :data:`MAX_DEPTH` or :data:`MAX_NODES` included), or points outside
+            ``section``.
     """
-    return _decode(tree, _BlobReader(section))
+    return _decode(tree, _BlobReader(section), 0)
+
+
+def _check_depth(depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise SerializationError(f"the payload's tree {_too_deep()}")
 
 
 class _BlobReader:
-    """Slices of the blob section; arrays are views when the section is writable."""
+    """Slices of the blob section; arrays are views when the section is writable. Counts
+    the values decoded."""
 
     def __init__(self, section: memoryview) -> None:
         self.section = section
+        self.nodes = 0
+
+    def count(self) -> None:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise SerializationError(f"the payload's tree {_too_many()}")
 
     def slice(self, offset: Any, size: int) -> memoryview:
         if type(offset) is not int or offset < 0 or offset + size > self.section.nbytes:
@@ -244,9 +297,9 @@ class _BlobReader:
             )
         return self.section[offset : offset + size]
 
-    def array(self, payload: Any) -> np.ndarray:
+    def array(self, payload: Any, depth: int) -> np.ndarray:
         description, shape, offset, order = payload
-        dtype = _dtype(description)
+        dtype = _dtype(description, depth)
         if not all(type(size) is int and size >= 0 for size in shape) or order not in ("C", "F"):
             raise SerializationError(f"the payload's tree holds a malformed array {payload!r}")
         shape = tuple(shape)
@@ -262,34 +315,43 @@ class _BlobReader:
         return flat.reshape(shape)
 
 
-def _decode(node: Any, blobs: _BlobReader) -> Any:
+def _decode(node: Any, blobs: _BlobReader, depth: int) -> Any:
+    """The value of ``node``; ``depth`` is the number of containers around it."""
+    blobs.count()
     kind = type(node)
     if kind is list:
-        return [_decode(child, blobs) for child in node]
+        _check_depth(depth + 1)
+        return [_decode(child, blobs, depth + 1) for child in node]
     if kind is not dict:
         return node
     if len(node) == 1:
         ((key, value),) = node.items()
         if key[:1] == "$" and key[1:2] != "$":
-            return _decode_tagged(key, value, blobs)
+            return _decode_tagged(key, value, blobs, depth)
+    _check_depth(depth + 1)
     decoded = {}
     for key, child in node.items():
         if key[:1] == "$":
             if key[1:2] != "$":
                 raise SerializationError(f"the payload's tree holds an unknown key {key!r}")
             key = key[1:]
-        decoded[key] = _decode(child, blobs)
+        decoded[key] = _decode(child, blobs, depth + 1)
     return decoded
 
 
-def _decode_tagged(tag: str, value: Any, blobs: _BlobReader) -> Any:
+def _decode_tagged(tag: str, value: Any, blobs: _BlobReader, depth: int) -> Any:
     if tag == "$array":
-        return blobs.array(value)
+        return blobs.array(value, depth)
     if tag == "$tuple":
-        return tuple(_decode(child, blobs) for child in value)
+        _check_depth(depth + 1)
+        if type(value) is not list:
+            raise SerializationError(
+                f"the payload's tree holds a malformed tuple: a {type(value).__name__}, not a list"
+            )
+        return tuple(_decode(child, blobs, depth + 1) for child in value)
     if tag == "$scalar":
         description, raw_hex = value
-        dtype = _dtype(description)
+        dtype = _dtype(description, depth)
         raw = bytes.fromhex(raw_hex)
         if len(raw) != dtype.itemsize:
             raise SerializationError(f"the payload's tree holds a malformed scalar {value!r}")
@@ -304,22 +366,25 @@ def _decode_tagged(tag: str, value: Any, blobs: _BlobReader) -> Any:
         offset, size = value
         return blobs.slice(offset, size).tobytes()
     if tag == "$complex":
-        real, imag = (_decode(part, blobs) for part in value)
+        real, imag = (_decode(part, blobs, depth) for part in value)
         if type(real) is not float or type(imag) is not float:
             raise SerializationError(f"the payload's tree holds a malformed complex {value!r}")
         return complex(real, imag)
     raise SerializationError(f"the payload's tree holds an unknown tag {tag!r}")
 
 
-def _dtype(description: Any) -> np.dtype:
+def _dtype(description: Any, depth: int) -> np.dtype:
+    """The dtype a tree describes; ``depth`` levels hold it."""
+    if type(description) in (list, dict):
+        _check_depth(depth + 1)
     if type(description) is str:
         dtype = np.dtype(description)
     elif type(description) is list:
         base, shape = description
-        dtype = np.dtype((_dtype(base), tuple(shape)))
+        dtype = np.dtype((_dtype(base, depth + 1), tuple(shape)))
     elif type(description) is dict:
         fields = dict(description)
-        fields["formats"] = [_dtype(item) for item in fields["formats"]]
+        fields["formats"] = [_dtype(item, depth + 1) for item in fields["formats"]]
         dtype = np.dtype(fields)
     else:
         raise SerializationError(f"the payload's tree holds a malformed dtype {description!r}")

@@ -6,9 +6,11 @@
      ├── VersionError (also ValueError)        a version that cannot be saved
      │    └── VersionExistsError               the version was saved before
      ├── VersionNotFoundError (also LookupError)  no saved state under that version
+     ├── AllVersionsDamagedError               versions are saved, but none of them loads
      ├── StateDirectoryLockedError             another manager uses the state directory
      │                                         (managers.state.file)
-     └── SerializationError                    stored bytes that cannot be decoded
+     └── SerializationError                    stored bytes that cannot be decoded, or a
+                                               structure beyond the codec's limits
                                                (managers.serialization)
 
 Errors raised by a value being released or saved (a leaf that cannot be stored, a
@@ -18,7 +20,11 @@ they propagate as they are.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 __all__ = [
+    "AllVersionsDamagedError",
     "ManagerError",
     "SerializationError",
     "VersionError",
@@ -43,6 +49,24 @@ class VersionNotFoundError(ManagerError, LookupError):
     """No program state is saved under the requested version."""
 
 
+class AllVersionsDamagedError(ManagerError):
+    """``load_latest`` found saved versions but could load none of them (each damaged).
+
+    Raised instead of returning ``(None, 0)``, which would make a program start over from
+    its first round on top of the damaged run; the message names each version and why it
+    does not load. :attr:`versions` lists them, ascending.
+    """
+
+    def __init__(self, message: str, versions: Iterable[int]) -> None:
+        super().__init__(message)
+        self.versions: list[int] = sorted(versions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.args[0], self.versions)
+
+
 class SerializationError(ManagerError):
     """Data that cannot be decoded: not a payload of this codec, an unknown format
-    version, a checksum mismatch (damaged bytes) or a truncated payload."""
+    version, a checksum mismatch (damaged bytes) or a truncated payload; or a structure
+    to encode or decode that is beyond the codec's limits (``MAX_DEPTH``,
+    ``MAX_NODES``)."""

@@ -19,6 +19,12 @@ A leaf that cannot be stored (an object-dtype array, an arbitrary object, a ``st
 subclass) raises ``TypeError`` naming its path: ``cannot store leaf at 'optimizer/step':
 ...``. Data that cannot be read back raises :class:`SerializationError`.
 
+Limits: a structure nests at most :data:`MAX_DEPTH` (100) levels deep and holds at most
+:data:`MAX_NODES` (1,000,000) values, an array counting as one. Both :func:`dumps` and
+:func:`loads` enforce them, raising :class:`SerializationError` (naming the path on
+``dumps``): a crafted payload, its checksum valid, can neither exhaust the stack
+(``RecursionError``) nor make ``loads`` build an unbounded number of objects.
+
 Format, version 1 (integers little-endian)::
 
     offset  size  field
@@ -59,11 +65,21 @@ import crc32c
 import numpy as np
 import orjson
 
-from managers._serialization_tree import ALIGN, ZEROS, decode, encode
+from managers._serialization_tree import ALIGN, MAX_DEPTH, MAX_NODES, ZEROS, decode, encode
 from managers.exceptions import SerializationError
 from managers.structure import reshape
 
-__all__ = ["FORMAT_VERSION", "SerializationError", "dumps", "dumps_buffers", "loads"]
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "SerializationError",
+    "dumps",
+    "dumps_buffers",
+    "loads",
+    "payload_size",
+]
 
 FORMAT_VERSION = 1
 """The version of the format this module writes, in every payload's header."""
@@ -71,7 +87,9 @@ FORMAT_VERSION = 1
 _MAGIC = b"\x89PLC\r\n\x1a\n"
 _HEADER = struct.Struct("<8sII")  # magic, format version, checksum
 _LENGTHS = struct.Struct("<QQ")  # tree length, blob section length
-_HEADER_SIZE = _HEADER.size + _LENGTHS.size
+
+HEADER_SIZE = _HEADER.size + _LENGTHS.size
+"""The size of a payload's header, which :func:`payload_size` reads."""
 
 
 def dumps(structure: Any) -> bytes:
@@ -80,6 +98,8 @@ def dumps(structure: Any) -> bytes:
     Raises:
         TypeError: a leaf cannot be stored, or a dict key is not a ``str`` (the message
             names its path).
+        SerializationError: the structure is beyond :data:`MAX_DEPTH` or
+            :data:`MAX_NODES` (the message names the path where).
     """
     return b"".join(dumps_buffers(structure))
 
@@ -96,10 +116,7 @@ def dumps_buffers(structure: Any) -> list[memoryview]:
         TypeError: as :func:`dumps`.
     """
     tree, blobs = encode(structure)
-    try:
-        tree_bytes = orjson.dumps(tree)
-    except orjson.JSONEncodeError as error:
-        raise TypeError(f"cannot store the structure: it nests too deeply ({error})") from None
+    tree_bytes = orjson.dumps(tree)  # MAX_DEPTH keeps the tree within orjson's nesting limit
     body = [
         memoryview(_LENGTHS.pack(len(tree_bytes), blobs.size)),
         memoryview(tree_bytes),
@@ -122,7 +139,8 @@ def loads(data: bytes | bytearray | memoryview | np.ndarray, structure: Any = No
 
     Raises:
         SerializationError: ``data`` is not a payload of this codec, has an unknown
-            format version, is truncated or damaged (its checksum does not match).
+            format version, is truncated or damaged (its checksum does not match), or
+            holds a structure beyond :data:`MAX_DEPTH` or :data:`MAX_NODES`.
         ValueError: ``structure`` holds fewer or more leaves than the stored value.
     """
     view = memoryview(data).cast("B")
@@ -138,8 +156,17 @@ def loads(data: bytes | bytearray | memoryview | np.ndarray, structure: Any = No
     return reshape(structure, decoded)
 
 
-def _verified_sections(view: memoryview) -> tuple[memoryview, memoryview]:
-    """The tree and the blob section of a payload whose header and checksum are valid."""
+def payload_size(header: bytes | bytearray | memoryview) -> int:
+    """The size in bytes of the payload that starts with ``header``, its first
+    :data:`HEADER_SIZE` bytes: read a file's header, and its size tells whether the rest
+    can be its payload before a buffer for it is allocated.
+
+    Raises:
+        SerializationError: ``header`` is not the start of a payload of this codec (its
+            magic bytes), is shorter than :data:`HEADER_SIZE` bytes, or has an unknown
+            format version.
+    """
+    view = memoryview(header).cast("B")
     if view.nbytes < len(_MAGIC):
         if _MAGIC.startswith(view.tobytes()):
             raise SerializationError(
@@ -151,30 +178,39 @@ def _verified_sections(view: memoryview) -> tuple[memoryview, memoryview]:
             f"the data is not a programlogic payload: it starts with "
             f"{view[: len(_MAGIC)].tobytes()!r}, not {_MAGIC!r}"
         )
-    if view.nbytes < _HEADER_SIZE:
+    if view.nbytes < HEADER_SIZE:
         raise SerializationError(
             f"the payload is truncated: {view.nbytes} bytes, shorter than its "
-            f"{_HEADER_SIZE}-byte header"
+            f"{HEADER_SIZE}-byte header"
         )
-    _, version, stored_checksum = _HEADER.unpack_from(view)
+    _, version, _ = _HEADER.unpack_from(view)
     if version != FORMAT_VERSION:
         raise SerializationError(
             f"the payload has format version {version}, but this library reads version "
             f"{FORMAT_VERSION}"
         )
     tree_size, blob_size = _LENGTHS.unpack_from(view, _HEADER.size)
-    blob_start = _HEADER_SIZE + tree_size + (-tree_size % ALIGN)
-    expected = blob_start + blob_size
+    return _blob_start(tree_size) + blob_size
+
+
+def _blob_start(tree_size: int) -> int:
+    return HEADER_SIZE + tree_size + (-tree_size % ALIGN)
+
+
+def _verified_sections(view: memoryview) -> tuple[memoryview, memoryview]:
+    """The tree and the blob section of a payload whose header and checksum are valid."""
+    expected = payload_size(view[:HEADER_SIZE])
     if view.nbytes != expected:
         problem = "truncated" if view.nbytes < expected else "longer than its header says"
         raise SerializationError(
             f"the payload is {problem}: {view.nbytes} bytes, its header says {expected}"
         )
+    _, _, stored_checksum = _HEADER.unpack_from(view)
     checksum = crc32c.crc32c(view[_HEADER.size :])
     if checksum != stored_checksum:
         raise SerializationError(
             f"the payload is damaged: its CRC-32C is {checksum:#010x}, "
             f"the stored one {stored_checksum:#010x}"
         )
-    tree = view[_HEADER_SIZE : _HEADER_SIZE + tree_size]
-    return tree, view[blob_start:]
+    tree_size, _ = _LENGTHS.unpack_from(view, _HEADER.size)
+    return view[HEADER_SIZE : HEADER_SIZE + tree_size], view[_blob_start(tree_size) :]

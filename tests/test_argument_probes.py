@@ -139,6 +139,8 @@ def probes() -> list[Probe]:
                 ("keep_first", 1, TypeError),
                 ("keep_every", 0, ValueError),
                 ("keep_every", "2", TypeError),
+                ("on_all_damaged", "ignore", ValueError),
+                ("on_all_damaged", False, TypeError),
             ],
         ),
         (

@@ -36,7 +36,12 @@ class ProgramStateManager(AsyncClosing, abc.ABC):
       value has the template's container types; a ``None`` in the template leaves that
       subtree as stored.
     - ``load_latest(structure=None)`` returns ``(state, version)`` of the newest loadable
-      version, or ``(None, 0)`` when none is saved.
+      version, or ``(None, 0)`` when none is saved. An implementation that detects
+      damaged versions (a checksum, as the file manager's) skips them for the newest
+      version that loads, so that the resumed program can save them again; when versions
+      are saved but none loads, it raises
+      :class:`~managers.exceptions.AllVersionsDamagedError` listing them (again on every
+      call), never ``(None, 0)``, unless it offers to be told to start fresh.
     - ``get_versions()`` lists the saved versions in ascending order (``[]`` when none).
     - ``remove(version)`` deletes one version (``VersionNotFoundError`` when missing);
       ``remove_all()`` deletes every version.

@@ -9,7 +9,7 @@ On disk, in ``root_dir``::
                                          a version deleted by retention, kept as a spare
                                          file that a later save overwrites (at most two)
     program_state_9.plstate.unreadable   a damaged version that load_latest moved aside
-    .plstate.lock                        locked (flock) by the manager using the directory
+    .plstate.lock                        locked (flock) by the managers using the directory
 
 A save writes its payload to a temporary file in the same directory (a new one, or a
 spare), fsyncs it, renames it to its version's name (``os.replace``, atomic) and fsyncs
@@ -18,12 +18,17 @@ a killed process or a power cut, therefore leaves each version either complete o
 absent, and the version just written never depends on an older one. Temporary files
 are removed when a manager next opens the directory. A save that fails (a full disk)
 removes its temporary file and the spares before raising.
+
+Whatever else is found at a version's name is damage that :meth:`load_latest` skips:
+bytes that do not decode (a checksum mismatch, a size other than the header's, a tree
+beyond the codec's limits) and anything that is not a regular file (a FIFO, a device, a
+socket, a directory, a dangling or looping symbolic link), which is never read from nor
+waited on. A symbolic link to a regular file is followed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -32,16 +37,23 @@ import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio.to_thread
-import numpy as np
 
 from managers._files import fsync_directory
 from managers.exceptions import ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError, dumps_buffers, loads
+from managers.state._file_format import (
+    all_damaged_error,
+    is_regular_or_missing,
+    read_version_file,
+    set_aside,
+    write_all,
+)
+from managers.state._file_lock import is_writable, lock_directory, read_only_error
 from managers.state.base import ProgramStateManager, check_version
-from managers.validation import check_bool, check_int, check_path, check_str
+from managers.validation import check_bool, check_choice, check_int, check_path, check_str
 
 __all__ = ["FileProgramStateManager", "StateDirectoryLockedError"]
 
@@ -49,7 +61,6 @@ logger = logging.getLogger(__name__)
 
 _SUFFIX = ".plstate"
 _TEMPORARY_MARK = f"{_SUFFIX}.tmp-"
-_LOCK_NAME = ".plstate.lock"
 _MAX_SPARES = 2  # a save takes one and retires one; the newest is not yet durable
 
 _T = TypeVar("_T")
@@ -70,6 +81,11 @@ class FileProgramStateManager(ProgramStateManager):
         keep_first: ... plus the first (lowest) version ...
         keep_every: ... plus every version divisible by ``keep_every``. The version just
             saved is always kept.
+        on_all_damaged: what :meth:`load_latest` does when versions are saved but none
+            loads: ``"raise"`` :class:`~managers.exceptions.AllVersionsDamagedError`
+            listing them, leaving them in place, so that a program never silently starts
+            over on top of a damaged run; or ``"start_fresh"``: move them aside, log a
+            warning for each and return ``(None, 0)``.
 
     The directory is opened on the first call, off the event loop: the manager creates
     it, takes an exclusive lock on it (a second manager on the same directory, in this
@@ -77,13 +93,20 @@ class FileProgramStateManager(ProgramStateManager):
     temporary files an interrupted save left. :meth:`aclose` releases the lock; a call
     after it opens the directory again.
 
+    A directory this process cannot write (its mode, a read-only mount) is opened
+    read-only: the manager takes a shared lock on its lock file when there is one
+    (read-only managers share the directory; a writing one is excluded, and excludes
+    them) and no lock when there is none. It loads and lists versions; ``load_latest``
+    skips damaged ones without moving them; ``save`` and ``remove`` raise
+    ``PermissionError`` naming the directory.
+
     Saving is crash-safe (see the module docstring). The lossless codec of
     :mod:`managers.serialization` stores the state, with a checksum that ``load``
     verifies: loading a damaged version raises
     :class:`~managers.serialization.SerializationError` naming the file, and
-    :meth:`load_latest` skips a damaged newest version, logs a warning and renames it
-    to ``{name}.unreadable`` (kept, no longer listed), so the resumed program can save
-    that version again.
+    :meth:`load_latest` skips damaged versions for the newest one that loads, logs a
+    warning naming each and renames it to ``{name}.unreadable`` (kept, no longer
+    listed), so the resumed program can save that version again.
 
     Each call runs in one worker thread (encode, write, fsync, rename, directory fsync
     and retention for a save); calls on one instance are serialized. A cancelled call
@@ -110,6 +133,7 @@ class FileProgramStateManager(ProgramStateManager):
         keep_total: int | None = 5,
         keep_first: bool = True,
         keep_every: int | None = None,
+        on_all_damaged: Literal["raise", "start_fresh"] = "raise",
     ) -> None:
         root = check_path("root_dir", root_dir)
         check_str("prefix", prefix)
@@ -121,13 +145,18 @@ class FileProgramStateManager(ProgramStateManager):
         check_int("keep_total", keep_total, minimum=1, allow_none=True)
         check_bool("keep_first", keep_first)
         check_int("keep_every", keep_every, minimum=1, allow_none=True)
+        self._start_fresh = (
+            check_choice("on_all_damaged", on_all_damaged, ["raise", "start_fresh"])
+            == "start_fresh"
+        )
         self._root = root
         self._prefix = prefix
         self._keep_total = keep_total
         self._keep_first = keep_first
         self._keep_every = keep_every
         self._thread_lock = threading.Lock()
-        self._lock_fd: int | None = None
+        self._opened = False
+        self._read_only = False
         self._release_lock: weakref.finalize | None = None
         self._spares: list[Path] = []  # retired files whose rename is durable
         self._new_spares: list[Path] = []  # retired since the last directory fsync
@@ -162,7 +191,7 @@ class FileProgramStateManager(ProgramStateManager):
         if self._release_lock is not None:
             self._release_lock()
             self._release_lock = None
-            self._lock_fd = None
+        self._opened = False
 
     # Everything below runs in a worker thread, one call at a time.
 
@@ -171,31 +200,30 @@ class FileProgramStateManager(ProgramStateManager):
 
     def _locked(self, function: Callable[..., _T], *args: Any) -> _T:
         with self._thread_lock:
-            if self._lock_fd is None:
+            if not self._opened:
                 self._open()
             return function(*args)
 
     def _open(self) -> None:
         self._root.mkdir(parents=True, exist_ok=True)
-        lock_path = self._root / _LOCK_NAME
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        read_only = not is_writable(self._root)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = lock_directory(self._root, writable=not read_only)
         except BlockingIOError:
-            os.close(fd)
             raise StateDirectoryLockedError(
-                f"the program-state directory {self._root} is in use by another manager "
-                f"(it holds {lock_path}); one manager at a time may use a directory: "
-                "close the other one first (`async with FileProgramStateManager(...)` or "
-                "`await manager.aclose()`), also when its program failed"
+                f"the program-state directory {self._root} is in use by another manager; "
+                "one that writes a directory excludes every other: close the other one "
+                "first (`async with FileProgramStateManager(...)` or `await "
+                "manager.aclose()`), also when its program failed"
             ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._lock_fd = fd
-        self._release_lock = weakref.finalize(self, os.close, fd)
+        if fd is not None:
+            self._release_lock = weakref.finalize(self, os.close, fd)
+        self._opened, self._read_only = True, read_only
         self._spares.clear()
         self._new_spares.clear()
+        if read_only:
+            logger.info("opened the program-state directory %s read-only", self._root)
+            return
         for entry in os.scandir(self._root):
             if entry.name.startswith(".") and _TEMPORARY_MARK in entry.name:
                 os.unlink(entry.path)
@@ -214,7 +242,12 @@ class FileProgramStateManager(ProgramStateManager):
                     found.append(int(digits))
         return sorted(found)
 
+    def _check_writable(self, action: str) -> None:
+        if self._read_only:
+            raise read_only_error(self._root, action)
+
     def _save(self, state: Any, version: int) -> None:
+        self._check_writable(f"save program state version {version!r}")
         versions = self._versions()
         check_version(
             version, newest=versions[-1] if versions else None, exists=version in versions
@@ -224,7 +257,7 @@ class FileProgramStateManager(ProgramStateManager):
         temporary, fd = self._temporary_file(path)
         try:
             try:
-                os.ftruncate(fd, _write_all(fd, buffers))  # a recycled file may be longer
+                os.ftruncate(fd, write_all(fd, buffers))  # a recycled file may be longer
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -271,13 +304,23 @@ class FileProgramStateManager(ProgramStateManager):
             if version in keep:
                 continue
             path = self._path(version)
-            if len(self._spares) + len(self._new_spares) < _MAX_SPARES:
+            if len(self._spares) + len(self._new_spares) < _MAX_SPARES and (
+                is_regular_or_missing(path)  # never written into
+            ):
                 spare = path.with_name(f".retired_{path.name}.tmp-{secrets.token_hex(4)}")
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(path, spare)
                     self._new_spares.append(spare)
             else:
-                path.unlink(missing_ok=True)
+                self._discard(path)
+
+    def _discard(self, path: Path) -> None:
+        """Delete the name ``path``; a directory there, not the manager's to delete, is
+        moved aside instead."""
+        if os.path.isdir(path) and not os.path.islink(path):
+            logger.warning("moved %s, a directory, to %s", path, set_aside(path))
+        else:
+            path.unlink(missing_ok=True)
 
     def _load(self, version: object, structure: Any) -> Any:
         self._check_saved(version)
@@ -287,49 +330,48 @@ class FileProgramStateManager(ProgramStateManager):
             raise self._not_found(version) from None
 
     def _load_latest(self, structure: Any) -> tuple[Any, int]:
+        damaged: dict[int, BaseException] = {}  # newest first
         for version in reversed(self._versions()):
             try:
-                return self._read(version, structure), version
+                state = self._read(version, structure)
             except FileNotFoundError:
                 continue
             except SerializationError as error:
-                aside = self._set_aside(version)
-                logger.warning(
-                    "skipped program state version %d, which is unreadable (%s), and moved "
-                    "it to %s",
-                    version,
-                    error.__cause__ or error,
-                    aside,
-                )
+                damaged[version] = error.__cause__ or error
+                continue
+            self._skip(damaged)
+            return state, version
+        if damaged and not self._start_fresh:
+            paths = {version: self._path(version) for version in damaged}
+            raise all_damaged_error(self._root, paths, damaged)
+        self._skip(damaged)
         return None, 0
 
     def _read(self, version: int, structure: Any) -> Any:
         path = self._path(version)
-        data = _read_file(path)
         try:
-            return loads(data, structure)
+            return loads(read_version_file(path), structure)
         except SerializationError as error:
             raise SerializationError(
                 f"cannot read program state version {version} from {path}: {error}"
             ) from error
 
-    def _set_aside(self, version: int) -> Path:
-        path = self._path(version)
-        aside = path.with_name(f"{path.name}.unreadable")
-        number = 1
-        while aside.exists():
-            number += 1
-            aside = path.with_name(f"{path.name}.unreadable-{number}")
-        os.replace(path, aside)
-        fsync_directory(self._root)
-        return aside
+    def _skip(self, damaged: dict[int, BaseException]) -> None:
+        """Log each damaged version, and move it aside when the directory is writable."""
+        for version, reason in damaged.items():
+            path = self._path(version)
+            done = "left it in place: the directory is read-only"
+            if not self._read_only:
+                done = f"moved it to {set_aside(path)}"
+            message = "skipped program state version %d at %s, which is unreadable (%s); %s"
+            logger.warning(message, version, path, reason, done)
 
     def _remove(self, version: object) -> None:
+        self._check_writable(f"remove program state version {version!r}")
         self._check_saved(version)
-        try:
-            self._path(version).unlink()
-        except FileNotFoundError:
-            raise self._not_found(version) from None
+        if not os.path.lexists(self._path(version)):
+            raise self._not_found(version)
+        self._discard(self._path(version))
         fsync_directory(self._root)
 
     def _drop_spares(self) -> None:
@@ -339,9 +381,10 @@ class FileProgramStateManager(ProgramStateManager):
         self._new_spares.clear()
 
     def _remove_all(self) -> None:
+        self._check_writable("remove the program-state versions")
         self._drop_spares()
         for version in self._versions():
-            self._path(version).unlink(missing_ok=True)
+            self._discard(self._path(version))
         fsync_directory(self._root)
 
     def _check_saved(self, version: object) -> None:
@@ -353,29 +396,3 @@ class FileProgramStateManager(ProgramStateManager):
             f"no program state is saved as version {version!r} in {self._root}; "
             f"saved: {self._versions()}"
         )
-
-
-def _write_all(fd: int, buffers: list[memoryview]) -> int:
-    """Write every buffer in order; the number of bytes written."""
-    total = 0
-    for buffer in buffers:
-        total += buffer.nbytes
-        while buffer.nbytes:
-            written = os.write(fd, buffer)
-            buffer = buffer[written:]
-    return total
-
-
-def _read_file(path: Path) -> np.ndarray:
-    """The file's bytes in a writable buffer, which the loaded arrays then share."""
-    with open(path, "rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
-        buffer = np.empty(size, np.uint8)
-        view = memoryview(buffer)
-        filled = 0
-        while filled < size:
-            count = file.readinto(view[filled:])
-            if not count:
-                break
-            filled += count
-    return buffer[:filled]

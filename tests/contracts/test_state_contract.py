@@ -6,12 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from managers import FileProgramStateManager, MemoryProgramStateManager
+from managers import FileProgramStateManager, MemoryProgramStateManager, ProgramStateManager
 from programlogic.testing import CrashingStateManager
-from programlogic.testing.contracts import ProgramStateManagerContract
+from programlogic.testing.contracts import ProgramStateManagerContract, StateDamage
 
 NEVER_SAVED = 2**62
 """A version the suite never saves: the crashing manager below never crashes."""
+
+
+def damage_file(manager: ProgramStateManager, version: int) -> None:
+    """Overwrite the file of ``version`` with bytes that are not a payload."""
+    files = getattr(manager, "inner", manager)  # the crashing manager wraps a file manager
+    (files.root_dir / f"program_state_{version}.plstate").write_bytes(b"damaged")
 
 
 class TestMemoryProgramStateManager(ProgramStateManagerContract):
@@ -35,6 +41,13 @@ class TestFileProgramStateManager(ProgramStateManagerContract):
     def state_manager_factory(self, tmp_path: Path):
         return lambda: FileProgramStateManager(tmp_path / "state")
 
+    @pytest.fixture
+    def state_damage(self, tmp_path: Path):
+        fresh = tmp_path / "fresh"
+        return StateDamage(
+            damage_file, lambda: FileProgramStateManager(fresh, on_all_damaged="start_fresh")
+        )
+
 
 class TestCrashingStateManager(ProgramStateManagerContract):
     """The crash-injecting wrapper, set to crash at a version never saved, is transparent."""
@@ -45,4 +58,14 @@ class TestCrashingStateManager(ProgramStateManagerContract):
     def state_manager_factory(self, tmp_path: Path):
         return lambda: CrashingStateManager(
             FileProgramStateManager(tmp_path / "state"), crash_on_version=NEVER_SAVED
+        )
+
+    @pytest.fixture
+    def state_damage(self, tmp_path: Path):
+        return StateDamage(
+            damage_file,
+            lambda: CrashingStateManager(
+                FileProgramStateManager(tmp_path / "fresh", on_all_damaged="start_fresh"),
+                crash_on_version=NEVER_SAVED,
+            ),
         )

@@ -20,7 +20,7 @@ The kill points, in the order a save reaches them:
 - ``saved``: the save has returned, the next one has not begun.
 
 The child reaches them through wrappers around what the file manager's module calls
-(its ``_write_all``, ``os.replace`` and ``fsync_directory``): the kill lands at the
+(its ``write_all``, ``os.replace`` and ``fsync_directory``): the kill lands at the
 chosen instant on any machine, however fast or loaded. Each child is a process of its
 own, which SIGKILL ends as abruptly as any crash. Forking from a process that has
 already imported numpy and the managers starts a saver in milliseconds.
@@ -93,7 +93,7 @@ class _OsWatchingReplace:
 
 def _install(killer: _Killer) -> None:
     """Route the file manager's writes, renames and directory fsyncs through ``killer``."""
-    write_all, fsync_directory = file_module._write_all, file_module.fsync_directory
+    write_all, fsync_directory = file_module.write_all, file_module.fsync_directory
 
     def writing(fd: int, buffers: list[memoryview]) -> int:
         if killer.armed and killer.point == "writing":
@@ -106,7 +106,7 @@ def _install(killer: _Killer) -> None:
         killer.reached("renamed")
         fsync_directory(directory)
 
-    file_module._write_all = writing
+    file_module.write_all = writing
     file_module.fsync_directory = renamed
     file_module.os = _OsWatchingReplace(killer)
 

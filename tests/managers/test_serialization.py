@@ -19,10 +19,14 @@ from hypothesis import strategies as st
 from managers.exceptions import ManagerError
 from managers.serialization import (
     FORMAT_VERSION,
+    HEADER_SIZE,
+    MAX_DEPTH,
+    MAX_NODES,
     SerializationError,
     dumps,
     dumps_buffers,
     loads,
+    payload_size,
 )
 
 pytestmark = pytest.mark.anyio
@@ -396,12 +400,42 @@ async def test_unstorable_values_raise_type_error_naming_the_path(value, message
         dumps(value)
 
 
-async def test_too_deep_structures_raise_type_error():
-    value: list = []
-    for _ in range(300):
-        value = [value]
-    with pytest.raises(TypeError, match="nests too deeply"):
+def nested(kind: Any, depth: int) -> Any:
+    """``depth`` containers of ``kind`` (list, tuple or dict), one in another."""
+    value = kind()
+    for _ in range(depth - 1):
+        value = {"k": value} if kind is dict else kind([value])
+    return value
+
+
+@pytest.mark.parametrize("kind", [list, tuple, dict])
+async def test_a_structure_as_deep_as_the_limit_round_trips(kind):
+    value = nested(kind, MAX_DEPTH)
+    assert loads(dumps(value)) == value
+
+
+@pytest.mark.parametrize(("kind", "path"), [(list, "0/0/0"), (tuple, "0/0/0"), (dict, "k/k/k")])
+async def test_a_structure_deeper_than_the_limit_raises_naming_the_path(kind, path):
+    value = {"model": nested(kind, MAX_DEPTH)}  # the root dict is one level more
+    with pytest.raises(SerializationError, match=f"^cannot store the structure at 'model/{path}"):
         dumps(value)
+    with pytest.raises(SerializationError, match=f"nests deeper than {MAX_DEPTH} levels"):
+        dumps(nested(kind, 300))
+
+
+async def test_a_structured_dtype_counts_its_nesting():
+    dtype = np.dtype("<f4")
+    for _ in range(MAX_DEPTH):
+        dtype = np.dtype([("f", dtype)])
+    with pytest.raises(SerializationError, match="nests deeper"):
+        dumps({"a": np.zeros(2, dtype)})
+
+
+async def test_as_many_values_as_the_limit_round_trip_one_more_raises():
+    values = [0] * (MAX_NODES - 1)  # and the list itself
+    assert loads(dumps(values)) == values
+    with pytest.raises(SerializationError, match=rf"at 'history/\d+': .*more than {MAX_NODES:,}"):
+        dumps({"history": [0] * MAX_NODES})
 
 
 # Payloads that cannot be read back.
@@ -515,3 +549,43 @@ async def test_forge_builds_what_dumps_builds():
 async def test_malformed_trees_raise_serialization_error(tree, blobs, message):
     with pytest.raises(SerializationError, match=message):
         loads(forge(tree, blobs))
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        b"[" * 900 + b"]" * 900,
+        b'{"$tuple": [' * 500 + b"]}" * 500,
+        b'{"k": ' * 900 + b"1" + b"}" * 900,
+        b'{"$array": [' * 1
+        + b'{"names": ["f"], "formats": [' * 300
+        + b'"<f4"'
+        + b"]}" * 300
+        + b', [1], 0, "C"]}',
+    ],
+    ids=["lists", "tuples", "dicts", "dtype"],
+)
+async def test_a_crafted_tree_deeper_than_the_limit_raises_serialization_error(tree):
+    """A payload with a valid checksum may hold a tree nested as deep as JSON allows."""
+    with pytest.raises(SerializationError, match=f"nests deeper than {MAX_DEPTH} levels"):
+        loads(forge_bytes(tree))
+
+
+async def test_a_crafted_tree_with_too_many_values_raises_serialization_error():
+    with pytest.raises(SerializationError, match=f"more than {MAX_NODES:,} values"):
+        loads(forge_bytes(b"[" + b"0," * MAX_NODES + b"0]"))
+
+
+def forge_bytes(tree_bytes: bytes) -> bytes:
+    """A payload with a valid checksum around tree bytes that orjson need not write."""
+    body = struct.pack("<QQ", len(tree_bytes), 0) + tree_bytes + bytes(-len(tree_bytes) % 16)
+    return struct.pack("<8sII", MAGIC, FORMAT_VERSION, crc32c.crc32c(body)) + body
+
+
+async def test_payload_size_reads_the_size_from_the_header_alone():
+    payload = dumps({"weights": np.arange(100.0)})
+    assert payload_size(payload[:HEADER_SIZE]) == len(payload)
+    with pytest.raises(SerializationError, match="not a programlogic payload"):
+        payload_size(b"x" * HEADER_SIZE)
+    with pytest.raises(SerializationError, match="truncated"):
+        payload_size(payload[: HEADER_SIZE - 1])

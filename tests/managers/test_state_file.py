@@ -21,7 +21,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import managers.state.file as file_module
-from managers.exceptions import ManagerError, VersionNotFoundError
+from managers.exceptions import AllVersionsDamagedError, ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError
 from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
 
@@ -363,10 +363,16 @@ async def test_load_latest_falls_back_over_several_damaged_versions(tmp_path, ca
     assert len(caplog.records) == 2
 
 
-async def test_load_latest_with_every_version_damaged_returns_none(tmp_path, caplog):
+async def test_load_latest_with_every_version_damaged_raises_unless_told_to_start_fresh(
+    tmp_path, caplog
+):
     async with FileProgramStateManager(tmp_path) as manager:
         await manager.save(state_of(0), 0)
         empty(tmp_path / "program_state_0.plstate")
+        with pytest.raises(AllVersionsDamagedError, match=r"program_state_0\.plstate"):
+            await manager.load_latest()
+        assert await manager.get_versions() == [0]
+    async with FileProgramStateManager(tmp_path, on_all_damaged="start_fresh") as manager:
         with caplog.at_level(logging.WARNING, logger="managers.state.file"):
             assert await manager.load_latest() == (None, 0)
         assert await manager.get_versions() == []
@@ -501,8 +507,10 @@ async def test_saving_and_loading_do_not_block_the_event_loop(tmp_path, monkeypa
 
         return wrapper
 
-    monkeypatch.setattr(file_module, "_write_all", watched("write", file_module._write_all))
-    monkeypatch.setattr(file_module, "_read_file", watched("read", file_module._read_file))
+    monkeypatch.setattr(file_module, "write_all", watched("write", file_module.write_all))
+    monkeypatch.setattr(
+        file_module, "read_version_file", watched("read", file_module.read_version_file)
+    )
     async with FileProgramStateManager(tmp_path) as manager, anyio.create_task_group() as group:
         for watch in watches.values():
             group.start_soon(watch.answer)

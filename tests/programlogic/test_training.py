@@ -10,7 +10,12 @@ import anyio
 import numpy as np
 import pytest
 
-from managers import MemoryProgramStateManager, MemoryReleaseManager, ReleaseManager
+from managers import (
+    AllVersionsDamagedError,
+    MemoryProgramStateManager,
+    MemoryReleaseManager,
+    ReleaseManager,
+)
 from managers.state.file import FileProgramStateManager
 from managers.testing import FakeValueReference
 from programlogic import (
@@ -569,6 +574,31 @@ async def test_with_state_on_disk_a_failure_fails_train_model_with_that_exceptio
         with pytest.raises(OSError) as caught:
             await Run().train(**{"state_manager": state, **overrides})
     assert caught.value is error
+
+
+async def test_with_every_checkpoint_on_disk_damaged_train_model_fails_naming_them(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "state"
+    async with FileProgramStateManager(root, keep_total=2, keep_first=False) as state:
+        await Run().train(state_manager=state, train_total_rounds=3)
+    damaged = sorted(root.glob("program_state_*.plstate"))
+    assert [path.name for path in damaged] == ["program_state_2.plstate", "program_state_3.plstate"]
+    for path in damaged:
+        path.write_bytes(b"damaged")
+    run = Run()
+    for _ in range(2):  # rerun: fails again, never starts over from round 0
+        async with FileProgramStateManager(root) as state:
+            with pytest.raises(AllVersionsDamagedError) as caught:
+                await run.train(state_manager=state)
+        assert caught.value.versions == [2, 3]
+        assert all(str(path) in str(caught.value) for path in damaged)
+    assert run.metrics.values() == {} and run.models.values() == {}
+    async with FileProgramStateManager(root, on_all_damaged="start_fresh") as state:
+        result = await run.train(state_manager=state)
+        assert result.resumed_from is None and result.round_num == ROUNDS
+        assert (await state.get_versions())[-1] == ROUNDS
+    assert_same_outcome(run, await uninterrupted())
 
 
 async def test_an_exception_group_the_process_raises_itself_reaches_the_caller_whole() -> None:

@@ -34,7 +34,10 @@ from programlogic.testing.contracts.release import (  # noqa: E402
     ReleaseManagerContract,
     ReleaseSubject,
 )
-from programlogic.testing.contracts.state import ProgramStateManagerContract  # noqa: E402
+from programlogic.testing.contracts.state import (  # noqa: E402
+    ProgramStateManagerContract,
+    StateDamage,
+)
 from programlogic.testing.contracts.stopping import StoppingPolicyContract  # noqa: E402
 
 __all__ = [
@@ -46,5 +49,6 @@ __all__ = [
     "ProgramStateManagerContract",
     "ReleaseManagerContract",
     "ReleaseSubject",
+    "StateDamage",
     "StoppingPolicyContract",
 ]

@@ -13,7 +13,9 @@ Subclass :class:`ProgramStateManagerContract` in a test file of yours and overri
         def state_manager_factory(self, tmp_path):
             return lambda: MyStateManager(tmp_path / "state")
 
-Every test of the suite then runs against your manager under asyncio and trio.
+Every test of the suite then runs against your manager under asyncio and trio. A
+manager that detects damaged versions (a checksum) also overrides ``state_damage`` to
+return a :class:`StateDamage`, and the suite checks what ``load_latest`` does with them.
 """
 
 from __future__ import annotations
@@ -24,16 +26,19 @@ import pytest
 
 from managers.state.base import ProgramStateManager
 from programlogic.testing.contracts._base import Contract
+from programlogic.testing.contracts.state._damage import DamageTests
 from programlogic.testing.contracts.state._lifecycle import LifecycleTests
 from programlogic.testing.contracts.state._round_trips import RoundTripTests
-from programlogic.testing.contracts.state._support import StateManagerFactory
+from programlogic.testing.contracts.state._support import StateDamage, StateManagerFactory
 from programlogic.testing.contracts.state._versions import VersionTests
 
-__all__ = ["ProgramStateManagerContract"]
+__all__ = ["ProgramStateManagerContract", "StateDamage"]
 
 
-# pytest runs the tests of the last base first: round-trips, versions, lifecycle.
-class ProgramStateManagerContract(LifecycleTests, VersionTests, RoundTripTests, Contract):
+# pytest runs the tests of the last base first: round-trips, versions, lifecycle, damage.
+class ProgramStateManagerContract(
+    DamageTests, LifecycleTests, VersionTests, RoundTripTests, Contract
+):
     """The promises every :class:`~managers.ProgramStateManager` keeps.
 
     Override :meth:`state_manager_factory` to return a zero-argument callable that makes
@@ -43,6 +48,11 @@ class ProgramStateManagerContract(LifecycleTests, VersionTests, RoundTripTests, 
     managers see what earlier ones saved, as a restarted program's does. Tests are named
     after the promise they check; one that your manager cannot keep can be overridden
     in your subclass, marked ``pytest.mark.xfail(strict=True, reason=...)``.
+
+    Override :meth:`state_damage` when your manager detects damaged versions: the suite
+    then checks that ``load_latest`` skips them for the newest version that loads, and
+    that it raises :class:`~managers.exceptions.AllVersionsDamagedError` listing them
+    when none loads (and again when asked again), or starts over when told to.
     """
 
     persistent: bool = False
@@ -54,6 +64,12 @@ class ProgramStateManagerContract(LifecycleTests, VersionTests, RoundTripTests, 
         raise NotImplementedError(
             f"{type(self).__name__} must override the state_manager_factory fixture"
         )
+
+    @pytest.fixture
+    def state_damage(self) -> StateDamage | None:
+        """How the suite damages stored versions; ``None`` (the default) skips the
+        damage tests."""
+        return None
 
     @pytest.fixture
     async def manager(
