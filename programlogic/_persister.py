@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
@@ -34,6 +36,8 @@ class Persister:
     metrics_manager: ReleaseManager | None
     evaluation_manager: EvaluationManagerProtocol | None
     persisted_round: int = -1
+    saved_round: int = -1
+    handed_round: int = -1
     _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
 
     async def persist(self, checkpoint: Checkpoint) -> None:
@@ -42,6 +46,8 @@ class Persister:
         train_state, metrics = await materialize((checkpoint.train_state, checkpoint.metrics))
         saved = dataclasses.replace(checkpoint, train_state=train_state, metrics=metrics)
         await self.state_manager.save(saved.to_saved(), saved.round_num)
+        self.saved_round = saved.round_num
+        self._notify()
         await self._release(saved)
         self._persisted(saved.round_num)
 
@@ -49,6 +55,28 @@ class Persister:
         """Persist the checkpoints in the order they arrive, until the sending end closes."""
         async for checkpoint in checkpoints:
             await self.persist(checkpoint)
+
+    async def hand_over(
+        self, to_persister: MemoryObjectSendStream[Checkpoint], checkpoint: Checkpoint
+    ) -> None:
+        """Send ``checkpoint`` to :meth:`persist_each`, which persists it in turn."""
+        await to_persister.send(checkpoint)
+        self.handed_round = checkpoint.round_num
+
+    @contextlib.asynccontextmanager
+    async def saving_trained_rounds(self) -> AsyncIterator[None]:
+        """On a failure in the block, wait until every round handed over is saved, then let
+        the failure through: a round already trained is not lost to a later one's failure.
+
+        Its releases are left to the rerun, which makes them again. Cancellation is not
+        waited on.
+        """
+        try:
+            yield
+        except Exception:
+            while self.saved_round < self.handed_round:
+                await self._progress.wait()
+            raise
 
     async def release_again(self, checkpoint: Checkpoint) -> None:
         """Make the releases of ``checkpoint``, saved by an earlier run, once more."""
@@ -79,5 +107,8 @@ class Persister:
 
     def _persisted(self, round_num: int) -> None:
         self.persisted_round = round_num
+        self._notify()
+
+    def _notify(self) -> None:
         self._progress.set()
         self._progress = anyio.Event()

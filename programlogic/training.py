@@ -304,7 +304,7 @@ class _Program:
                 await self.evaluation_manager.resume_from_previous_state()
             first = await self._start(initial_state, loaded)
             group.start_soon(self.persister.persist_each, receive, name="persist rounds")
-            async with send:
+            async with send, self.persister.saving_trained_rounds():
                 last = await self._train_rounds(first, send)
             await self.persister.wait_until_persisted(last.round_num)
             await self._release_final(last)
@@ -351,7 +351,7 @@ class _Program:
                 output.state, round_num, output.metrics, checkpoint.last_evaluation
             )
             await self.stopper.after_round(checkpoint)
-            await to_persister.send(checkpoint)
+            await self.persister.hand_over(to_persister, checkpoint)
         return checkpoint
 
     def _select(self, round_num: int) -> Sequence[ClientHandle]:

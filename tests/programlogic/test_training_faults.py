@@ -7,6 +7,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -149,3 +150,50 @@ async def test_slow_rounds_make_a_time_based_evaluation_periodicity_pick_its_rou
     )
     # Round r ends at 10r minutes: round 3 is the first 25 minutes after round 0.
     assert {r: (t - start) // 60 for r, t in evaluations.started.items()} == {0: 0, 3: 30, 6: 60}
+
+
+class GatedSaves(MemoryProgramStateManager):
+    """A memory state manager whose save of ``version`` waits until ``gate`` is set."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.version, self.gate = version, anyio.Event()
+
+    async def save(self, program_state: Any, version: int) -> None:
+        if version == self.version:
+            await self.gate.wait()
+        await super().save(program_state, version)
+
+
+async def test_a_failure_in_a_round_waits_for_the_previous_rounds_save_then_raises() -> None:
+    state, failures = GatedSaves(version=2), []
+
+    async def run() -> None:
+        with pytest.raises(ClusterConnectionError) as caught:
+            await train(FakeContext([LoseCluster(call=3)]), state, MemoryReleaseManager())
+        failures.append(caught.value)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        await anyio.wait_all_tasks_blocked()  # round 3 failed while round 2's save waits
+        assert not failures
+        state.gate.set()
+    assert len(failures) == 1
+    assert (await state.get_versions())[-1] == 2
+
+    result = await train(FakeContext(), state, MemoryReleaseManager())
+    assert result.resumed_from == 2 and result.round_num == ROUNDS
+
+
+@pytest.mark.parametrize("attempt", range(10))
+async def test_a_lost_cluster_with_state_on_disk_always_resumes_after_the_last_trained_round(
+    attempt: int, tmp_path: Path
+) -> None:
+    with pytest.raises(ClusterConnectionError):
+        async with FileProgramStateManager(tmp_path) as state:
+            await train(FakeContext([LoseCluster(call=4)]), state, MemoryReleaseManager())
+    async with FileProgramStateManager(tmp_path) as state:
+        result = await train(FakeContext(), state, MemoryReleaseManager())
+    reference, _ = await uninterrupted()
+    assert result.resumed_from == 3
+    np.testing.assert_array_equal(result.state["weights"], reference.state["weights"])
