@@ -22,15 +22,19 @@ from samples.service.app import create_app
 REPO = pathlib.Path(__file__).parent.parent.parent
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+IN_PROCESS_URL = "http://127.0.0.1:8000"
 
 
 @contextlib.asynccontextmanager
 async def in_process(data_dir: pathlib.Path, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the app over ``data_dir``, started and, on leaving, shut down."""
+    """A client of the app over ``data_dir``, started and, on leaving, shut down.
+
+    The client talks to it as to one listening on ``127.0.0.1:8000`` (its ``Host``).
+    """
     app = create_app(data_dir, **options)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://service") as client,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url=IN_PROCESS_URL) as client,
     ):
         yield client
 
