@@ -149,6 +149,7 @@ class RunRegistry:
         """
         if self._task_group is None:
             raise RuntimeError("the registry is not open")
+        self.admission.admit(self._active())  # refused early: no disk work for a 429
         run_id = secrets.token_hex(6)
         directory = confine(self.data_dir, config.directory or f"runs/{run_id}")
         for other in self._runs.values():
@@ -161,7 +162,7 @@ class RunRegistry:
         if await anyio.to_thread.run_sync(directory.exists, limiter=self.admission.registry_io):
             raise RunConflictError(f"directory {config.directory!r} exists already")
         # No await between the count and the insertion: concurrent requests see each other.
-        self.admission.admit(sum(not other.ended.is_set() for other in self._runs.values()))
+        self.admission.admit(self._active())
         run = Run(id=run_id, config=config, directory=directory, status=RUNNING)
         self._runs[run_id] = run
         await self._write_index()
@@ -185,6 +186,10 @@ class RunRegistry:
             run.cancel_scope.cancel()
         await run.ended.wait()
         return run
+
+    def _active(self) -> int:
+        """The runs whose training has not ended: training, or stopping and still holding it."""
+        return sum(not run.ended.is_set() for run in self._runs.values())
 
     async def _train(self, run: Run) -> None:
         with anyio.CancelScope() as scope:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from managers import FileProgramStateManager
-from tests.samples.service_helpers import AUTH, in_process, serving, wait_for_round
+from tests.samples.service_helpers import AUTH, Server, in_process, serving, wait_for_round
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +39,15 @@ async def latest_checkpoint(directory: pathlib.Path) -> int:
     async with FileProgramStateManager(directory / "state") as state:
         _, version = await state.load_latest()
     return version
+
+
+def stop(server: Server) -> None:
+    """SIGTERM; returns once the service ended, gracefully (the signal) or after its grace."""
+    server.process.send_signal(signal.SIGTERM)
+    # A hang guard, not a speed target: the service must not wait for the runs'
+    # TensorFlow work beyond its grace period.
+    returncode = server.process.wait(timeout=45)
+    assert returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), server.log.read_text()
 
 
 async def test_runs_beyond_the_cap_are_429_with_retry_after(tmp_path):
@@ -94,11 +103,7 @@ async def test_sigterm_ends_the_service_whatever_runs_and_the_next_start_resumes
             assert sorted(answer.status_code for answer in answers) == [201, 201, 201, 429, 429]
             runs = [answer.json() for answer in answers if answer.status_code == 201]
             await wait_for_round(client, runs[0]["id"], 2)
-        server.process.send_signal(signal.SIGTERM)
-        # A hang guard, not a speed target: the service must not wait for the runs'
-        # TensorFlow work beyond its grace period.
-        returncode = server.process.wait(timeout=45)
-        assert returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), log.read_text()
+        stop(server)
     stopped_at = await latest_checkpoint(data_dir / runs[0]["directory"])
     assert stopped_at >= 2
 
@@ -110,6 +115,6 @@ async def test_sigterm_ends_the_service_whatever_runs_and_the_next_start_resumes
             assert all(run["status"] == "running" for run in listed)
             resumed = await wait_for_round(client, runs[0]["id"], stopped_at + 1)
             assert resumed["status"] == "running"
-        server.terminate()
+        stop(server)
     for run in runs:
         assert f"resuming run {run['id']}" in log.read_text()
