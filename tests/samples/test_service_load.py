@@ -69,6 +69,21 @@ async def test_runs_beyond_the_cap_are_429_with_retry_after(tmp_path):
         assert (await service.post("/runs", json=LONG)).status_code == 201
 
 
+async def test_with_a_lower_cap_at_a_restart_the_surplus_runs_wait_their_turn(tmp_path):
+    async with in_process(tmp_path, max_running=2) as service:
+        ids = [(await service.post("/runs", json={**LONG, "seed": s})).json()["id"] for s in (0, 1)]
+        for run_id in ids:
+            await wait_for_round(service, run_id, 1)
+    async with in_process(tmp_path, max_running=1) as service:
+        runs = {run["id"]: run for run in (await service.get("/runs")).json()["runs"]}
+        assert [runs[run_id]["status"] for run_id in ids] == ["running", "running"]
+        assert (await service.post("/runs", json=LONG)).status_code == 429
+        # The first resumed holds the one slot; the second trains once it is cancelled.
+        await wait_for_round(service, ids[0], runs[ids[0]]["round"] + 1)
+        assert (await service.delete(f"/runs/{ids[0]}")).status_code == 200
+        await wait_for_round(service, ids[1], runs[ids[1]]["round"] + 1)
+
+
 async def test_a_run_starts_while_every_default_worker_thread_is_taken(tmp_path):
     # Model builds and checkpoints take anyio's default worker threads; the registry's
     # index write must not wait for one.
