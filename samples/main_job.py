@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import json
 import logging
 import os
 import sys
@@ -34,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A script (python samples/main_job.py, or run by runpy): the repository's root makes
+# its sibling modules importable as the samples package's.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio
 
@@ -48,29 +50,19 @@ from managers import (
     TensorBoardReleaseManager,
 )
 from programlogic import EvaluationManager, LocalContext, Sampling, final_model_key, train_model
+from samples._job_config import (
+    DamagedConfigError,
+    OtherRunError,
+    check_config,
+    record_config,
+    run_config,
+)
 
 logger = logging.getLogger("main_job")
 
 DATASETS = ("digits", "fashion_mnist", "emnist")
 CLIENT_LEARNING_RATES = {"softmax": 0.02, "mlp": 0.05, "cnn": 0.1}
 """The default client learning rate of each model: the tutorial's for its softmax regression."""
-RUN_DEFINING = (
-    "dataset",
-    "emnist_train",
-    "emnist_test",
-    "fashion_clients",
-    "model",
-    "clients_per_round",
-    "sampling",
-    "epochs",
-    "batch_size",
-    "client_lr",
-    "server_lr",
-    "seed",
-)
-"""The flags a rerun must repeat to resume; the others may change between runs."""
-
-
 ACCURACY = "sparse_categorical_accuracy"
 """The accuracy metric's name, as the processes report it."""
 
@@ -115,31 +107,6 @@ def load_data(arguments: argparse.Namespace) -> Any:
     )
 
 
-def check_config(root: Path, arguments: argparse.Namespace) -> None:
-    """Record the run's configuration, or refuse to resume a run configured otherwise."""
-    config = {name: _jsonable(getattr(arguments, name)) for name in RUN_DEFINING}
-    path = root / "config.json"
-    if path.exists():
-        before = json.loads(path.read_text())
-        differing = [
-            f"--{n.replace('_', '-')} {before.get(n)!r} -> {config[n]!r}"
-            for n in RUN_DEFINING
-            if before.get(n) != config[n]
-        ]
-        if differing:
-            raise SystemExit(
-                f"main_job: {root} holds a run configured otherwise ({'; '.join(differing)}): "
-                "repeat its flags to resume, or pick another --root"
-            )
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(config, indent=2) + "\n")
-
-
-def _jsonable(value: Any) -> Any:
-    return str(value) if isinstance(value, Path) else value
-
-
 async def run(arguments: argparse.Namespace) -> None:
     from programlogic.datasets import Preprocessing
     from programlogic.learning import build_fed_eval, build_model, build_weighted_fed_avg, sgd
@@ -152,7 +119,7 @@ async def run(arguments: argparse.Namespace) -> None:
             f"main_job: --clients-per-round {arguments.clients_per_round} is more than the "
             f"{num_train} training clients of {arguments.dataset}"
         )
-    check_config(root, arguments)
+    await anyio.to_thread.run_sync(record_config, root, run_config(arguments))
     model_fn = functools.partial(build_model, arguments.model, data.feature_shape, data.num_classes)
     process = build_weighted_fed_avg(
         model_fn,
@@ -381,6 +348,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     arguments = parse_arguments(argv)
+    try:
+        check_config(arguments.root, run_config(arguments))
+    except DamagedConfigError as error:
+        sys.stderr.write(f"main_job: {error}\n")
+        sys.exit(2)
+    except OtherRunError as error:
+        sys.exit(f"main_job: {error}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from tqdm.contrib.logging import logging_redirect_tqdm
 

@@ -426,6 +426,42 @@ def probes() -> list[Probe]:
             dict,
             [("dim", 0, ValueError), ("learning_rate", "0.5", TypeError)],
         ),
+        (
+            "FakeContext",
+            testing.FakeContext,
+            dict,
+            [
+                ("faults", 3, TypeError),
+                ("min_clients", 0, ValueError),
+                ("min_clients", 1.5, TypeError),
+                ("clock", "now", TypeError),
+                ("max_workers", 0, ValueError),
+            ],
+        ),
+        (
+            "FailClient",
+            testing.FailClient,
+            lambda: {"client": "c1"},
+            [
+                ("client", "", ValueError),
+                ("client", 3, TypeError),
+                ("call", 0, ValueError),
+                ("error", "boom", TypeError),
+            ],
+        ),
+        (
+            "DropClients",
+            testing.DropClients,
+            lambda: {"clients": ["c1"]},
+            [("clients", "c1", TypeError), ("call", -1, ValueError), ("call", "2", TypeError)],
+        ),
+        ("LoseCluster", testing.LoseCluster, lambda: {"call": 3}, [("call", 0, ValueError)]),
+        (
+            "SlowCall",
+            testing.SlowCall,
+            lambda: {"takes": MINUTE},
+            [("takes", -MINUTE, ValueError), ("takes", 60, TypeError), ("call", 0, ValueError)],
+        ),
         ("FakeClock", testing.FakeClock, dict, [("start", "today", TypeError)]),
         ("FakeClock.advance", fake_clock_advance, dict, [("delta", -MINUTE, ValueError)]),
         (

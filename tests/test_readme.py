@@ -1,5 +1,6 @@
 """The code in README.md works as written."""
 
+import inspect
 import pathlib
 import re
 import subprocess
@@ -32,6 +33,21 @@ async def test_the_testing_example_passes() -> None:
     namespace: dict[str, object] = {}
     exec(compile(example, str(README), "exec"), namespace)
     await namespace["test_my_program_resumes_after_a_crash"]()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "test_my_program_survives_a_round_with_dropped_clients",
+        "test_my_training_resumes_after_the_cluster_is_lost",
+    ],
+)
+async def test_the_fault_examples_pass(name, tmp_path) -> None:
+    example = next(block for block in python_blocks() if f"def {name}(" in block)
+    namespace: dict[str, object] = {}
+    exec(compile(example, str(README), "exec"), namespace)
+    test = namespace[name]
+    await (test(tmp_path) if "tmp_path" in inspect.signature(test).parameters else test())
 
 
 async def test_the_quick_start_has_exactly_two_commands() -> None:

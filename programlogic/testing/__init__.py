@@ -1,7 +1,11 @@
-"""Fakes for testing program logic: a process, a data source, a clock, a crashing manager.
+"""Fakes for testing program logic: a context that plays faults, a process, a data
+source, a clock, a crashing manager.
 
 They are deterministic and fast, run in any federated context, and are what this
-library's own tests use. Example, a user's test that their program resumes::
+library's own tests use. :class:`FakeContext` is a federated context whose fault plan
+(:mod:`programlogic.testing.faults`) makes clients fail or drop out, loses the cluster
+or makes calls take time on a :class:`FakeClock`. Example, a user's test that their
+program resumes::
 
     async def test_my_program_resumes():
         state = MemoryProgramStateManager()
@@ -32,13 +36,29 @@ from managers.validation import (
 from programlogic.context import get_context
 from programlogic.data import ClientHandle, InMemoryDataSource, Sampling
 from programlogic.process import LearningProcessOutput
+from programlogic.testing._fake_context import CallRecord, FakeContext
+from programlogic.testing.faults import (
+    DropClients,
+    FailClient,
+    Fault,
+    LoseCluster,
+    SimulatedCrash,
+    SlowCall,
+)
 
 __all__ = [
+    "CallRecord",
     "CrashingStateManager",
+    "DropClients",
+    "FailClient",
     "FakeClock",
+    "FakeContext",
     "FakeDataSource",
     "FakeLearningProcess",
+    "Fault",
+    "LoseCluster",
     "SimulatedCrash",
+    "SlowCall",
 ]
 
 
@@ -170,10 +190,6 @@ class FakeClock:
         if time < self._now:
             raise ValueError(f"a clock cannot go back from {self._now} to {time}")
         self._now = time
-
-
-class SimulatedCrash(Exception):
-    """What :class:`CrashingStateManager` raises at its chosen save."""
 
 
 class CrashingStateManager(ProgramStateManager):

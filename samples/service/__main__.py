@@ -5,14 +5,16 @@
 
 It listens on 127.0.0.1 unless told otherwise. On any other address it needs a bearer
 token, read from the environment variable PROGRAMLOGIC_SERVICE_TOKEN (at least 16
-characters); on loopback the token is optional and enforced when set. Requests must
-name the service in their Host header: on loopback localhost, 127.0.0.1 or [::1];
-elsewhere the listening address or a name given with --allowed-host (repeatable;
-needed when listening on every address, 0.0.0.0 or ::). At most --max-running runs
-train at once; more are refused with 429. SIGTERM or Ctrl-C stops it: the runs are
-cancelled, keep their checkpoints and resume at the next start; work that cannot be
-interrupted (a model build, a compiled TensorFlow step) gets --shutdown-grace seconds
-from the signal, then the process ends anyway (exit status 128 + the signal).
+printable ASCII characters, no whitespace); on loopback the token is optional and
+enforced when set. Requests must name the service in their Host header: on loopback
+localhost, 127.0.0.1 or [::1]; elsewhere the listening address or a name given with
+--allowed-host (repeatable; needed when listening on every address, 0.0.0.0 or ::).
+At most --max-running runs train at once; more are refused with 429. SIGTERM or
+Ctrl-C stops it: the runs are cancelled, keep their checkpoints and resume at the next
+start; work that cannot be interrupted (a model build, a compiled TensorFlow step) gets
+--shutdown-grace seconds from the signal, then the process ends anyway (exit status
+128 + the signal). One service at a time per data directory: a second one on the same
+directory refuses to start.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports Te
 import uvicorn
 
 from samples.service.app import LOOPBACK_HOSTS, create_app
+from samples.service.config import check_token
+from samples.service.lock import DataDirectoryLockedError, check_unlocked
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
 
@@ -114,8 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     token = os.environ.get(TOKEN_VARIABLE) or None
     if token is None and not is_loopback(arguments.host):
         parser.error(f"listening on {arguments.host} needs a token in ${TOKEN_VARIABLE}")
-    if token is not None and len(token) < 16:
-        parser.error(f"${TOKEN_VARIABLE} must be at least 16 characters long")
+    if token is not None:
+        try:
+            check_token(token)
+        except ValueError as error:
+            parser.error(f"${TOKEN_VARIABLE}: {error}")
     hosts = allowed_hosts(arguments.host, arguments.allowed_host)
     if not hosts:
         parser.error(
@@ -125,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--max-running must be at least 1")
     if arguments.shutdown_grace < 0:
         parser.error("--shutdown-grace must not be negative")
+    try:
+        check_unlocked(arguments.data_dir)
+    except DataDirectoryLockedError as error:
+        parser.exit(2, f"{parser.prog}: {error}\n")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     prepare_process()

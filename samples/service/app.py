@@ -1,7 +1,8 @@
 """The HTTP API of the training service, a Starlette application.
 
     GET    /                    the status page (runs and a live loss curve)
-    GET    /health              {"status": "ok", "running": N}; needs no token
+    GET    /health              {"status": "ok", "running": N}; needs no token; 503 and
+                                {"status": "failed", "error": ...} if the registry failed
     POST   /runs                start a run from a JSON RunConfig -> 201 and the run
     GET    /runs                every run: status, round, latest metrics
     GET    /runs/{id}           one run
@@ -37,7 +38,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from samples.service.admission import DEFAULT_MAX_RUNNING, Admission, TooManyRunsError
-from samples.service.config import RunConfig
+from samples.service.config import RunConfig, check_token
 from samples.service.live_metrics import stream_points
 from samples.service.runs import RunConflictError, RunNotFoundError, RunRegistry
 
@@ -64,14 +65,15 @@ def create_app(
 ) -> Starlette:
     """The service over ``data_dir``: its runs start, and unfinished ones resume, at startup.
 
-    ``token``: when given, requests need it as a bearer token (401 otherwise).
+    ``token``: when given, requests need it as a bearer token (401 otherwise); it must
+    be 16 printable ASCII characters or more, without whitespace (``ValueError``).
     ``allowed_hosts``: the host names (IPv6 addresses in brackets) that requests may
     name in ``Host``, at the port the service listens on (421 otherwise); own origins
     are ``http://`` these. ``max_running``: the most runs trained at once; beyond it
     ``POST /runs`` answers 429.
     """
-    if token is not None and len(token) < 16:
-        raise ValueError("token must be at least 16 characters long")
+    if token is not None:
+        check_token(token)
     if not allowed_hosts:
         raise ValueError("allowed_hosts must name at least one host")
     admission = Admission(max_running)
@@ -135,7 +137,10 @@ async def _http_error(request: Request, error: Exception) -> Response:
 
 
 async def health(request: Request) -> Response:
-    running = sum(run.status == "running" for run in _registry(request).runs)
+    registry = _registry(request)
+    if registry.failure is not None:
+        return _json({"status": "failed", "error": registry.failure}, 503)
+    running = sum(run.status == "running" for run in registry.runs)
     return _json({"status": "ok", "running": running})
 
 

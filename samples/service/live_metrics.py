@@ -38,29 +38,38 @@ class LiveMetricsReleaseManager(ReleaseManager):
     ``listen()`` gives the points released so far and a stream of the ones to come;
     the stream ends when the manager is closed (the run is over). A listener that falls
     :data:`LISTENER_BUFFER` points behind is dropped rather than slowing training down.
+
+    One point per key: a key released again (a resumed run releases its checkpoint's
+    round once more, and a checkpoint cadence may replay several rounds) replaces the
+    kept point in its place and is not streamed again, so a listener gets each key once.
     """
 
     def __init__(self, history: list[Point] | None = None) -> None:
-        self._points: list[Point] = list(history or [])
+        self._points: dict[int | str, Point] = {}
+        for point in history or []:
+            self._points[point["round"]] = point
         self._listeners: set[ObjectSendStream[Point]] = set()
         self._closed = False
 
     @property
     def points(self) -> list[Point]:
         """Every point released so far (and the history it was created with)."""
-        return list(self._points)
+        return list(self._points.values())
 
     @property
     def latest(self) -> Point | None:
         """The last point, or ``None`` before the first release."""
-        return self._points[-1] if self._points else None
+        return next(reversed(self._points.values()), None)
 
     async def release(self, value: Any, key: int | str) -> None:
         check_key(key)
         if self._closed:
             raise RuntimeError("this LiveMetricsReleaseManager is closed")
         point = {"round": key, "metrics": numbers(await materialize(value))}
-        self._points.append(point)
+        replayed = key in self._points
+        self._points[key] = point
+        if replayed:
+            return
         for listener in list(self._listeners):
             try:
                 listener.send_nowait(point)
@@ -85,7 +94,7 @@ class LiveMetricsReleaseManager(ReleaseManager):
             self._listeners.add(send)
         try:
             with receive:
-                yield list(self._points), receive
+                yield list(self._points.values()), receive
         finally:
             self._listeners.discard(send)
             send.close()

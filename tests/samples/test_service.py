@@ -63,8 +63,8 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
         assert again.json() == {"error": f"run {doomed['id']} is cancelled, not running"}
         await wait_for_round(service, lasting["id"], 2)
     # Leaving the app shut it down: the lasting run was interrupted, not cancelled.
-    doomed_dir = tmp_path / doomed["directory"]
-    stopped_at = await latest_checkpoint(tmp_path / "mine")
+    doomed_dir = tmp_path / "runs" / doomed["directory"]
+    stopped_at = await latest_checkpoint(tmp_path / "runs" / "mine")
     doomed_at = await latest_checkpoint(doomed_dir)
     assert stopped_at >= 2 and doomed_at >= 2
 
@@ -78,7 +78,11 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
         assert runs[lasting["id"]]["round"] >= stopped_at - 1
         await wait_for_round(service, lasting["id"], stopped_at + 2)
         await service.delete(f"/runs/{lasting['id']}")
-    keys = metric_keys(tmp_path / "mine")
+        # One event per round, though the resumed run released its checkpoint's round again.
+        streamed = events((await service.get(f"/runs/{lasting['id']}/events")).text)
+        rounds = [data["round"] for kind, data in streamed if kind == "metrics"]
+        assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) >= stopped_at + 2
+    keys = metric_keys(tmp_path / "runs" / "mine")
     assert keys == list(range(1, len(keys) + 1)) and len(keys) >= stopped_at + 2
     assert await latest_checkpoint(doomed_dir) == doomed_at  # a cancelled run stays stopped
 
@@ -107,7 +111,7 @@ async def test_a_served_run_stopped_by_sigterm_resumes_at_the_next_start(tmp_pat
             run = (await client.post("/runs", json={"rounds": 100_000})).json()
             await wait_for_round(client, run["id"], 3)
         server.terminate()
-    stopped_at = await latest_checkpoint(data_dir / run["directory"])
+    stopped_at = await latest_checkpoint(data_dir / "runs" / run["directory"])
     assert stopped_at >= 3
 
     with serving(data_dir, log) as server:
@@ -117,7 +121,7 @@ async def test_a_served_run_stopped_by_sigterm_resumes_at_the_next_start(tmp_pat
             assert resumed["status"] == "running"
         server.terminate()
     assert f"resuming run {run['id']}" in log.read_text()
-    keys = metric_keys(data_dir / run["directory"])
+    keys = metric_keys(data_dir / "runs" / run["directory"])
     assert keys == list(range(1, len(keys) + 1)) and len(keys) >= stopped_at + 2
 
 
@@ -141,3 +145,17 @@ async def test_a_token_shorter_than_16_characters_is_refused(tmp_path):
     with pytest.raises(ValueError, match="token must be at least 16 characters long"):
         create_app(tmp_path, token="short")
     assert TOKEN != "short"
+
+
+async def test_a_resumed_run_streams_each_round_once(tmp_path):
+    async with in_process(tmp_path) as service:
+        run = (await service.post("/runs", json={"rounds": 3, "epochs": 1})).json()
+        await service.get(f"/runs/{run['id']}/events")  # ends when the run has
+    # A service killed after the run's last checkpoint, before it recorded the run as
+    # finished: the restart resumes it, and train_model releases round 3 once more.
+    index = tmp_path / "runs.json"
+    index.write_bytes(index.read_bytes().replace(b'"finished"', b'"running"'))
+    async with in_process(tmp_path) as service:
+        streamed = events((await service.get(f"/runs/{run['id']}/events")).text)
+    assert [data["round"] for kind, data in streamed if kind == "metrics"] == [1, 2, 3]
+    assert streamed[-1][0] == "end" and streamed[-1][1]["status"] == "finished"

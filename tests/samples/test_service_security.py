@@ -19,7 +19,10 @@ def anyio_backend() -> str:
 
 
 def files_under(directory: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(path for path in directory.rglob("*") if path.is_file())
+    """The files under ``directory`` but the lock file every service holds in its own."""
+    return sorted(
+        path for path in directory.rglob("*") if path.is_file() and path.name != "service.lock"
+    )
 
 
 @pytest.mark.parametrize(
@@ -47,8 +50,8 @@ async def test_requests_without_the_token_are_401(tmp_path, headers):
 async def test_directories_outside_the_data_directory_are_refused(tmp_path, directory):
     data_dir, outside = tmp_path / "data", tmp_path / "outside"
     outside.mkdir()
-    data_dir.mkdir()
-    (data_dir / "link").symlink_to(outside)
+    (data_dir / "runs").mkdir(parents=True)
+    (data_dir / "runs" / "link").symlink_to(outside)
     async with in_process(data_dir) as service:
         response = await service.post("/runs", json={"rounds": 1, "directory": directory})
         assert response.status_code == 422
@@ -59,7 +62,7 @@ async def test_directories_outside_the_data_directory_are_refused(tmp_path, dire
 
 
 async def test_a_directory_in_use_or_existing_is_a_conflict(tmp_path):
-    (tmp_path / "taken").mkdir()
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
     async with in_process(tmp_path) as service:
         response = await service.post("/runs", json={"rounds": 1, "directory": "taken"})
         assert response.status_code == 409
@@ -115,6 +118,12 @@ async def test_malformed_json_is_400(tmp_path, body, error):
         ({"rounds": 1, "clients_per_round": 11}, "clients_per_round: Input should be less"),
         ({"rounds": 1, "lr": 0.1}, "lr: Extra inputs are not permitted"),
         ({"rounds": 1, "client_lr": -1}, "client_lr: Input should be greater than 0"),
+        ({"rounds": True}, "rounds: Input should be a valid integer"),
+        ({"rounds": "3"}, "rounds: Input should be a valid integer"),
+        ({"rounds": 2.0}, "rounds: Input should be a valid integer"),
+        ({"rounds": 1, "seed": False}, "seed: Input should be a valid integer"),
+        ({"rounds": 1, "client_lr": "0.1"}, "client_lr: Input should be a valid number"),
+        ({"rounds": 1, "directory": 7}, "directory: Input should be a valid string"),
     ],
 )
 async def test_an_invalid_config_is_422_and_starts_nothing(tmp_path, config, error):
@@ -123,4 +132,33 @@ async def test_an_invalid_config_is_422_and_starts_nothing(tmp_path, config, err
         assert response.status_code == 422
         assert response.json()["error"].startswith(error)
         assert (await service.get("/runs")).json() == {"runs": []}
+    assert files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("token", "error"),
+    [
+        (" " * 16, "token must not contain whitespace or control characters"),
+        ("0123456789 abcdef", "token must not contain whitespace or control characters"),
+        ("0123456789abcdef\n", "token must not contain whitespace or control characters"),
+        ("0123456789abcdef\x07", "token must not contain whitespace or control characters"),
+        ("0123456789abcdéf", "token must be printable ASCII"),
+        ("short", "token must be at least 16 characters long"),
+    ],
+    ids=["blank", "space", "newline", "bell", "non-ascii", "short"],
+)
+async def test_a_weak_or_garbled_token_is_refused(tmp_path, monkeypatch, capsys, token, error):
+    from samples.service.__main__ import main
+    from samples.service.app import create_app
+
+    with pytest.raises(ValueError) as refused:
+        create_app(tmp_path, token=token)
+    assert str(refused.value).startswith(error)
+    monkeypatch.setenv("PROGRAMLOGIC_SERVICE_TOKEN", token)
+    with pytest.raises(SystemExit) as exited:
+        main(["--data-dir", str(tmp_path)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"python -m samples.service: error: $PROGRAMLOGIC_SERVICE_TOKEN: {refused.value}"
+    )
     assert files_under(tmp_path) == []

@@ -32,10 +32,11 @@ from learning_support import (
 from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
 from programlogic import (
     ClientHandle,
+    ClusterConnectionError,
     InMemoryDataSource,
     LocalContext,
+    NotEnoughClientsError,
     final_model_key,
-    report_dropped_clients,
     train_model,
 )
 from programlogic.datasets import ClientArrays, Preprocessing
@@ -47,7 +48,13 @@ from programlogic.learning import (
     softmax_regression,
 )
 from programlogic.learning.fed_avg import MAX_CLIENTS_PER_GROUP, plan_group_size
-from programlogic.testing import CrashingStateManager, SimulatedCrash
+from programlogic.testing import (
+    CrashingStateManager,
+    DropClients,
+    FakeContext,
+    LoseCluster,
+    SimulatedCrash,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -250,9 +257,9 @@ async def test_a_seed_gives_the_same_model_bit_for_bit_and_another_seed_another(
 ROUNDS = 4
 
 
-async def run_program(process: WeightedFedAvg, state_manager) -> tuple:
+async def run_program(process: WeightedFedAvg, state_manager, context=None) -> tuple:
     models, metrics = MemoryReleaseManager(), MemoryReleaseManager()
-    async with LocalContext(max_workers=2):
+    async with context or LocalContext(max_workers=2):
         result = await train_model(
             train_process=process,
             train_data_source=InMemoryDataSource(ragged_clients()),
@@ -286,6 +293,40 @@ async def test_a_run_resumed_after_a_crash_ends_with_the_uninterrupted_model() -
     assert metrics == {r: reference_metrics[r] for r in range(2, ROUNDS + 1)}
     assert list(reference_metrics) == list(range(1, ROUNDS + 1))
     assert reference.state["round"] == ROUNDS
+
+
+async def test_train_model_releases_the_clients_dropped_in_each_round() -> None:
+    fake = FakeContext([DropClients(["b"], call=2)], max_workers=2)
+    result, _, metrics = await run_program(shuffled_process(1), MemoryProgramStateManager(), fake)
+    assert result.round_num == ROUNDS
+    dropped = [metrics[r]["client_work"]["train"]["num_dropped_clients"] for r in metrics]
+    assert dropped == [0, 1, 0, 0]
+    assert [record.dropped for record in fake.calls] == [[], ["b"], [], []]
+
+
+async def test_too_few_clients_fail_the_run_and_a_rerun_ends_with_the_uninterrupted_model(
+    tmp_path,
+) -> None:
+    reference, reference_models, _ = await run_program(
+        shuffled_process(1), MemoryProgramStateManager()
+    )
+    # A deadline drops 2 of the 3 clients of round 2; the rerun loses the cluster in
+    # its first round (call 3); the next rerun finishes. LocalContext(max_workers=2)
+    # groups the clients alike, so the models are the same bits.
+    faults = [DropClients(["a", "c"], call=2), LoseCluster(call=3)]
+    fake = FakeContext(faults, min_clients=2, max_workers=2)
+    for error in (NotEnoughClientsError, ClusterConnectionError):
+        with pytest.raises(error) as caught:
+            async with FileProgramStateManager(tmp_path) as state:
+                await run_program(shuffled_process(1), state, fake)
+        assert caught.value is fake.calls[-1].error
+    async with FileProgramStateManager(tmp_path) as state:
+        result, models, _ = await run_program(shuffled_process(1, instance=1), state, fake)
+
+    assert result.resumed_from is not None and result.round_num == ROUNDS
+    final = final_model_key(ROUNDS)
+    assert_same_state(models[final], reference_models[final])
+    assert_same_state(result.state, reference.state)
 
 
 # Non-finite client updates.
@@ -448,24 +489,16 @@ async def test_the_default_grouping_gives_the_model_of_explicit_groups_of_that_s
         assert np.array_equal(default, explicit)
 
 
-class DroppingContext(LocalContext):
-    """A local context that drops the last client of every call, as a deadline would."""
-
-    async def aggregate_clients(self, fn, broadcast, clients, accumulate, initial, **kwargs):
-        report_dropped_clients([clients[-1].client_id])
-        return await super().aggregate_clients(
-            fn, broadcast, clients[:-1], accumulate, initial, **kwargs
-        )
-
-
 async def test_dropped_clients_are_counted_and_left_out_of_the_average() -> None:
     process = reference_process(3)
     start = process.set_model_weights(process.initialize(), known_weights())
     clients = handles(ragged_clients())
     ((kept_state, kept_metrics),) = await train(process, start, [clients[:-1]])
-    async with DroppingContext(max_workers=2):
+    dropping = FakeContext([DropClients([clients[-1].client_id])], max_workers=2)
+    async with dropping:
         output = await process.next(start, clients)
 
+    assert dropping.calls[0].dropped == [clients[-1].client_id]
     for a, b in zip(
         output.state["model"]["trainable"], kept_state["model"]["trainable"], strict=True
     ):

@@ -1,0 +1,283 @@
+"""FakeContext: a federated context that plays a fault plan, in this process, deterministically."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pickle
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+
+from managers.validation import check_int, check_interface, check_type, describe
+from programlogic.context import ClientFn, GroupFn, report_dropped_clients
+from programlogic.contexts._threads import WorkerThreads
+from programlogic.contexts.streaming import StreamingContext
+from programlogic.contexts.units import check_group_size, compute_unit, split_units
+from programlogic.exceptions import ClientError, ClusterConnectionError, NotEnoughClientsError
+from programlogic.tasks import task_group
+from programlogic.testing.faults import (
+    DropClients,
+    FailClient,
+    Fault,
+    LoseCluster,
+    SimulatedCrash,
+    SlowCall,
+)
+
+if TYPE_CHECKING:
+    from programlogic.data import ClientHandle
+    from programlogic.testing import FakeClock
+
+__all__ = ["CallRecord", "FakeContext"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("programlogic.testing")
+
+_FAULT_TYPES = (FailClient, DropClients, LoseCluster, SlowCall)
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """What one client call (``map_clients`` or ``aggregate_clients``) of a
+    :class:`FakeContext` did; the context fills it in as the call runs.
+
+    ``call``: its number, from 1; ``clients``: the ids of the clients asked for, in
+    order; ``broadcast_bytes``: the size of the broadcast pickled, what a remote backend
+    ships to its workers (None when ``pickle`` cannot serialize it); ``finished``: the
+    clients whose results were handed over, in order; ``dropped``: the clients the call
+    dropped; ``failed``: the clients named by the :class:`~programlogic.ClientError`
+    the call raised; ``outcome``: ``"running"``, then ``"returned"``, ``"raised"`` or
+    ``"cancelled"``; ``error``: the exception the call raised, if it raised one.
+    """
+
+    call: int
+    clients: list[str]
+    broadcast_bytes: int | None = None
+    finished: list[str] = dataclasses.field(default_factory=list)
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    outcome: str = "running"
+    error: BaseException | None = None
+
+
+class FakeContext(StreamingContext):
+    """A federated context that plays faults given up front, for tests of program logic.
+
+    Client work and server steps run on ``max_workers`` threads of this process, as in
+    :class:`~programlogic.LocalContext`, and results come back in client order, so the
+    same calls give the same results under asyncio and trio. ``faults`` is the plan
+    (:mod:`programlogic.testing.faults`): clients whose work raises
+    (:class:`FailClient`), clients dropped as a round deadline drops stragglers
+    (:class:`DropClients`), the cluster lost (:class:`LoseCluster`), calls that take
+    time on ``clock`` (:class:`SlowCall`, which needs a clock, usually a
+    :class:`~programlogic.testing.FakeClock`). A call in which fewer than
+    ``min_clients`` clients finish (all of them, when fewer were asked) raises
+    :class:`~programlogic.exceptions.NotEnoughClientsError`, as ``RayContext`` does.
+
+    Faults are keyed by call number: the client calls (``map_clients`` and
+    ``aggregate_clients``) are numbered from 1 in the order they start, over the life
+    of the context, entering it again included. ``train_model`` runs one round at a
+    time, and FedAvg and :class:`~programlogic.testing.FakeLearningProcess` make one
+    client call a round, so call ``n`` of a fresh run is round ``n`` when nothing else
+    uses the context (evaluations forked by ``train_model`` make calls of their own);
+    a rerun in the same context goes on counting, so each fault is played once. A
+    fault with ``call=None`` is played in every call.
+
+    ``calls`` records each client call as a :class:`CallRecord`: the clients asked
+    for, those that finished, were dropped or failed, and the size of the broadcast.
+    Cancelling a call waits for the work already running (it cannot be interrupted)
+    and starts no more.
+    """
+
+    def __init__(
+        self,
+        faults: Iterable[Fault] = (),
+        *,
+        min_clients: int = 1,
+        clock: FakeClock | None = None,
+        max_workers: int = 1,
+    ) -> None:
+        if isinstance(faults, str | bytes) or not isinstance(faults, Iterable):
+            raise TypeError(f"faults must be an iterable of faults, got {describe(faults)}")
+        plan = tuple(faults)
+        for index, fault in enumerate(plan):
+            check_type(f"faults[{index}]", fault, _FAULT_TYPES)
+        check_int("min_clients", min_clients, minimum=1)
+        check_interface("clock", clock, "Clock", ["now", "advance"], allow_none=True)
+        if clock is None and any(isinstance(fault, SlowCall) for fault in plan):
+            raise ValueError(
+                "a SlowCall moves the context's clock: give FakeContext a clock, got clock=None"
+            )
+        check_int("max_workers", max_workers, minimum=1)
+        self.faults = plan
+        self.min_clients = min_clients
+        self.clock = clock
+        self.max_workers = max_workers
+        self.calls: list[CallRecord] = []
+        self._workers: WorkerThreads | None = None
+        self._lost_in: int | None = None
+
+    @property
+    def parallelism(self) -> int:
+        """``max_workers``: the threads that compute at once."""
+        return self.max_workers
+
+    async def open(self) -> None:
+        self._lost_in = None  # entering again connects to a new cluster
+        self._workers = WorkerThreads(self.max_workers, name="programlogic-fake")
+
+    async def close(self) -> None:
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            await workers.stop()
+
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        return await self._require_workers().run(fn, *args)
+
+    def _require_workers(self) -> WorkerThreads:
+        if self._workers is None:
+            raise RuntimeError("FakeContext is not entered: use `async with FakeContext():`")
+        return self._workers
+
+    def _faults_of(self, kind: type[T], call: int) -> list[T]:
+        """The faults of type ``kind`` played in call number ``call``."""
+        return [
+            fault
+            for fault in self.faults
+            if isinstance(fault, kind) and fault.call in (None, call)  # type: ignore[attr-defined]
+        ]
+
+    async def stream_units(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        group_size: int | None,
+        consume: Callable[[Any], None],
+    ) -> None:
+        """Run the work of ``clients``, playing the faults of this call, and hand each
+        result to ``consume`` in client order."""
+        workers = self._require_workers()
+        check_group_size(group_size)
+        record = CallRecord(len(self.calls) + 1, [client.client_id for client in clients])
+        self.calls.append(record)
+        try:
+            await self._play(record, workers, fn, broadcast, clients, group_size, consume)
+        except anyio.get_cancelled_exc_class():
+            record.outcome = "cancelled"
+            raise
+        except BaseException as error:
+            record.outcome, record.error = "raised", error
+            raise
+        record.outcome = "returned"
+
+    async def _play(
+        self,
+        record: CallRecord,
+        workers: WorkerThreads,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        group_size: int | None,
+        consume: Callable[[Any], None],
+    ) -> None:
+        number = record.call
+        if self._lost_in is None and self._faults_of(LoseCluster, number):
+            logger.info("FakeContext: the cluster is lost in call %d", number)
+            self._lost_in = number
+        if self._lost_in is not None:
+            raise ClusterConnectionError(
+                f"FakeContext lost its cluster in call {self._lost_in} (a LoseCluster fault)"
+            )
+        record.broadcast_bytes = await workers.run(_pickled_size, broadcast)
+        dropping = {c for fault in self._faults_of(DropClients, number) for c in fault.clients}
+        kept = [client for client in clients if client.client_id not in dropping]
+        failing = {fault.client: fault for fault in self._faults_of(FailClient, number)}
+        units = split_units(kept, group_size)
+        next_unit_to_run = 0
+        next_unit_to_consume = 0
+        pending: dict[int, list[Any] | ClientError] = {}
+
+        def compute(unit: list[ClientHandle]) -> list[Any]:
+            ids = [client.client_id for client in unit]
+            return compute_unit(fn, broadcast, ids, [c.load for c in unit], group_size is not None)
+
+        async def worker() -> None:
+            nonlocal next_unit_to_run, next_unit_to_consume
+            while next_unit_to_run < len(units):
+                index = next_unit_to_run
+                next_unit_to_run += 1
+                try:
+                    pending[index] = await _compute_or_fail(
+                        workers, compute, units[index], failing, number
+                    )
+                except ClientError as error:
+                    # Raised once every earlier unit is handed over, so that what finished
+                    # before a failure does not depend on which thread was faster.
+                    pending[index] = error
+                    next_unit_to_run = len(units)
+                while next_unit_to_consume in pending:
+                    results = pending.pop(next_unit_to_consume)
+                    if isinstance(results, ClientError):
+                        raise results
+                    for result in results:
+                        consume(result)
+                    record.finished.extend(
+                        client.client_id for client in units[next_unit_to_consume]
+                    )
+                    next_unit_to_consume += 1
+
+        try:
+            async with task_group() as group:
+                for _ in range(min(self.max_workers, len(units))):
+                    group.start_soon(worker)
+        except ClientError as error:
+            record.failed = list(error.client_ids)
+            raise
+        self._finish(record, clients, dropping, len(kept))
+
+    def _finish(
+        self, record: CallRecord, clients: Sequence[ClientHandle], dropping: set[str], kept: int
+    ) -> None:
+        """The call's work is done: move the clock, report the dropped clients, check
+        that enough clients finished."""
+        if self.clock is not None:  # the constructor refuses a SlowCall without a clock
+            for slow in self._faults_of(SlowCall, record.call):
+                self.clock.advance(slow.takes)
+        record.dropped = [client.client_id for client in clients if client.client_id in dropping]
+        if record.dropped:
+            logger.info("FakeContext: call %d drops clients %s", record.call, record.dropped)
+            report_dropped_clients(record.dropped)
+        required = min(self.min_clients, len(clients))
+        if kept < required:
+            raise NotEnoughClientsError(kept, required, len(record.dropped))
+
+
+async def _compute_or_fail(
+    workers: WorkerThreads,
+    compute: Callable[[list[ClientHandle]], list[Any]],
+    unit: list[ClientHandle],
+    failing: dict[str, FailClient],
+    call: int,
+) -> list[Any]:
+    """The results of ``unit``, or the ClientError of the first of its clients in ``failing``."""
+    ids = [client.client_id for client in unit]
+    for client_id in ids:
+        if client_id in failing:
+            fault = failing[client_id]
+            error = fault.error or SimulatedCrash(
+                f"client {client_id!r} failed in call {call} (a FailClient fault)"
+            )
+            raise ClientError(ids, error) from error
+    return await workers.run(compute, unit)
+
+
+def _pickled_size(value: Any) -> int | None:
+    """The size of ``value`` pickled, or None when ``pickle`` cannot serialize it."""
+    try:
+        return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # a lambda or a lock in the broadcast: LocalContext takes it as is
+        return None

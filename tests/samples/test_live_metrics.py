@@ -1,0 +1,42 @@
+"""The service's live metrics: each round key reaches a listener once, resumed or not."""
+
+import anyio
+import pytest
+
+from samples.service.live_metrics import LiveMetricsReleaseManager, stream_points
+
+pytestmark = pytest.mark.anyio
+
+
+async def collect(manager: LiveMetricsReleaseManager, into: list) -> None:
+    async for point in stream_points(manager):
+        into.append(point)
+
+
+async def test_a_round_released_again_after_a_resume_is_streamed_once_with_its_new_value():
+    # A restarted run: its metrics file holds rounds 1-3, its checkpoint is at round 3,
+    # so the resumed run releases round 3 again, then 4.
+    history = [{"round": key, "metrics": {"loss": 1.0 / key}} for key in (1, 2, 3)]
+    manager = LiveMetricsReleaseManager(history)
+    streamed: list = []
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(collect, manager, streamed)
+        await anyio.wait_all_tasks_blocked()
+        await manager.release({"loss": 0.25}, 3)
+        await manager.release({"loss": 0.2}, 4)
+        await manager.release({"loss": 0.19}, 4)  # a later cadence replays the last rounds
+        await manager.aclose()
+    assert [point["round"] for point in streamed] == [1, 2, 3, 4]
+    assert [point["round"] for point in manager.points] == [1, 2, 3, 4]
+    assert manager.points[2] == {"round": 3, "metrics": {"loss": 0.25}}
+    assert manager.latest == {"round": 4, "metrics": {"loss": 0.19}}
+    late: list = []
+    await collect(manager, late)  # a listener arriving later sees the kept values
+    assert late == manager.points
+
+
+async def test_a_history_with_a_key_twice_keeps_the_last_row():
+    manager = LiveMetricsReleaseManager(
+        [{"round": 1, "metrics": {"loss": 2.0}}, {"round": 1, "metrics": {"loss": 1.0}}]
+    )
+    assert manager.points == [{"round": 1, "metrics": {"loss": 1.0}}]
