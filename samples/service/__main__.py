@@ -1,13 +1,20 @@
 """Serve the sample training service with uvicorn.
 
     python -m samples.service [--data-dir runs/service] [--host 127.0.0.1] [--port 8000]
+        [--allowed-host NAME ...] [--max-running 4] [--shutdown-grace 5]
 
 It listens on 127.0.0.1 unless told otherwise. On any other address it needs a bearer
 token, read from the environment variable PROGRAMLOGIC_SERVICE_TOKEN (at least 16
 printable ASCII characters, no whitespace); on loopback the token is optional and
-enforced when set. SIGTERM or Ctrl-C stops it: running runs keep their checkpoints and
-resume at the next start. One service at a time per data directory: a second one on
-the same directory refuses to start.
+enforced when set. Requests must name the service in their Host header: on loopback
+localhost, 127.0.0.1 or [::1]; elsewhere the listening address or a name given with
+--allowed-host (repeatable; needed when listening on every address, 0.0.0.0 or ::).
+At most --max-running runs train at once; more are refused with 429. SIGTERM or
+Ctrl-C stops it: the runs are cancelled, keep their checkpoints and resume at the next
+start; work that cannot be interrupted (a model build, a compiled TensorFlow step) gets
+--shutdown-grace seconds from the signal, then the process ends anyway (exit status
+128 + the signal). One service at a time per data directory: a second one on the same
+directory refuses to start.
 """
 
 from __future__ import annotations
@@ -17,11 +24,21 @@ import gc
 import ipaddress
 import logging
 import os
+import threading
 from pathlib import Path
+from types import FrameType
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports TensorFlow
+
+import uvicorn
+
+from samples.service.app import LOOPBACK_HOSTS, create_app
+from samples.service.config import check_token
+from samples.service.lock import DataDirectoryLockedError, check_unlocked
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
+
+logger = logging.getLogger("samples.service")
 
 
 def is_loopback(host: str) -> bool:
@@ -52,42 +69,103 @@ def prepare_process() -> None:
     gc.set_threshold(young, middle, 100)
 
 
+def allowed_hosts(host: str, extra: list[str]) -> list[str]:
+    """The names a service listening on ``host`` answers to: its address and ``extra``."""
+    if is_loopback(host):
+        return [*LOOPBACK_HOSTS, *extra]
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return [host, *extra]
+    if address.is_unspecified:  # every address: no name of its own
+        return list(extra)
+    return [f"[{host}]" if address.version == 6 else host, *extra]
+
+
+def _stop_after(grace: float, sig: int) -> None:
+    """End the process ``grace`` seconds from now, if it has not ended by then."""
+
+    def stop() -> None:
+        logger.warning(
+            "still stopping %.1f s after signal %d: work that cannot be interrupted is left; "
+            "ending the process (its runs resume from their last checkpoints)",
+            grace,
+            sig,
+        )
+        logging.shutdown()
+        os._exit(128 + sig)
+
+    timer = threading.Timer(grace, stop)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m samples.service", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("runs/service"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name clients reach the service by (in Host); repeatable",
+    )
+    parser.add_argument("--max-running", type=int, default=4, metavar="N")
+    parser.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     arguments = parser.parse_args(argv)
     token = os.environ.get(TOKEN_VARIABLE) or None
     if token is None and not is_loopback(arguments.host):
         parser.error(f"listening on {arguments.host} needs a token in ${TOKEN_VARIABLE}")
-    from samples.service.config import check_token
-    from samples.service.lock import DataDirectoryLockedError, check_unlocked
-
     if token is not None:
         try:
             check_token(token)
         except ValueError as error:
             parser.error(f"${TOKEN_VARIABLE}: {error}")
+    hosts = allowed_hosts(arguments.host, arguments.allowed_host)
+    if not hosts:
+        parser.error(
+            f"listening on {arguments.host} needs --allowed-host NAME: the names clients use"
+        )
+    if arguments.max_running < 1:
+        parser.error("--max-running must be at least 1")
+    if arguments.shutdown_grace < 0:
+        parser.error("--shutdown-grace must not be negative")
     try:
         check_unlocked(arguments.data_dir)
     except DataDirectoryLockedError as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
 
-    import uvicorn
-
-    from samples.service.app import create_app
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     prepare_process()
-    app = create_app(arguments.data_dir, token=token)
-    uvicorn.run(
+    app = create_app(
+        arguments.data_dir, token=token, allowed_hosts=hosts, max_running=arguments.max_running
+    )
+    config = uvicorn.Config(
         app,
         host=arguments.host,
         port=arguments.port,
         log_level="info",
-        timeout_graceful_shutdown=5,  # open event streams must not hold a shutdown up
+        # Open event streams get a second; then the runs are cancelled.
+        timeout_graceful_shutdown=min(1.0, arguments.shutdown_grace),
     )
+    _GracefulServer(config, arguments.shutdown_grace).run()
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn's server, ended ``grace`` seconds after the first stop signal at the latest."""
+
+    def __init__(self, config: uvicorn.Config, grace: float) -> None:
+        super().__init__(config)
+        self.grace = grace
+        self.stopping = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if not self.stopping:
+            self.stopping = True
+            _stop_after(self.grace, sig)
 
 
 if __name__ == "__main__":

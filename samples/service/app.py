@@ -10,14 +10,18 @@
     DELETE /runs/{id}           cancel it; it stops within a round, checkpoints intact
 
 Errors are ``{"error": "one line"}`` with a 4xx status. With a token, every route but
-``/`` and ``/health`` needs ``Authorization: Bearer <token>``.
+``/`` and ``/health`` needs ``Authorization: Bearer <token>``. What a web page on
+another site could make a browser send is refused: a ``Host`` header that does not name
+the service (421: DNS rebinding), a POST or DELETE from a foreign ``Origin`` (403), a
+body not declared ``application/json`` (415: such a cross-site request needs no CORS
+preflight). Beyond ``max_running`` active runs, ``POST /runs`` answers 429.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,28 +37,46 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from samples.service.admission import DEFAULT_MAX_RUNNING, Admission, TooManyRunsError
 from samples.service.config import RunConfig, check_token
 from samples.service.live_metrics import stream_points
 from samples.service.runs import RunConflictError, RunNotFoundError, RunRegistry
 
-__all__ = ["MAX_BODY_BYTES", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "create_app"]
 
 MAX_BODY_BYTES = 16 * 1024
 """The largest request body accepted; a run's configuration is a few hundred bytes."""
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+"""The names a service listening on loopback answers to, in ``Host`` and ``Origin``."""
+
 _OPEN_PATHS = ("/", "/health")
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 def create_app(
-    data_dir: str | Path, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+    data_dir: str | Path,
+    *,
+    token: str | None = None,
+    allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
+    max_running: int = DEFAULT_MAX_RUNNING,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
     """The service over ``data_dir``: its runs start, and unfinished ones resume, at startup.
 
     ``token``: when given, requests need it as a bearer token (401 otherwise); it must
     be 16 printable ASCII characters or more, without whitespace (``ValueError``).
+    ``allowed_hosts``: the host names (IPv6 addresses in brackets) that requests may
+    name in ``Host``, at the port the service listens on (421 otherwise); own origins
+    are ``http://`` these. ``max_running``: the most runs trained at once; beyond it
+    ``POST /runs`` answers 429.
     """
     if token is not None:
         check_token(token)
+    if not allowed_hosts:
+        raise ValueError("allowed_hosts must name at least one host")
+    admission = Admission(max_running)
     data_dir = Path(data_dir)
     page = resources.files("samples.service").joinpath("page.html").read_text()
 
@@ -63,7 +85,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        registry = RunRegistry(data_dir)
+        registry = RunRegistry(data_dir, admission)
         async with anyio.create_task_group() as task_group:
             await registry.open(task_group)
             app.state.registry = registry
@@ -87,8 +109,13 @@ def create_app(
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )
+    # The last added runs first: Host, then Origin, then the token, the size, the type.
+    app.add_middleware(JSONBody)
     app.add_middleware(BearerToken, token=token)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    hosts = frozenset(host.lower() for host in allowed_hosts)
+    app.add_middleware(SameOrigin, hosts=hosts)
+    app.add_middleware(AllowedHosts, hosts=hosts)
     return app
 
 
@@ -140,6 +167,10 @@ async def start_run(request: Request) -> Response:
         return _error(422, f"directory: {error}")
     except RunConflictError as error:
         return _error(409, str(error))
+    except TooManyRunsError as error:
+        response = _error(429, str(error))
+        response.headers["Retry-After"] = str(error.retry_after)
+        return response
     return _json(run.summary(registry.data_dir), 201)
 
 
@@ -210,6 +241,86 @@ class BearerToken:
         await response(scope, receive, send)
 
 
+class AllowedHosts:
+    """Refuses requests whose ``Host`` header names no host of the service (421).
+
+    A page on another site that rebinds its own name to this machine's address
+    (DNS rebinding) reaches the service in the browser's eyes same-origin, but its
+    requests carry that site's name in ``Host``.
+    """
+
+    def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host").decode("latin-1")
+        if _names_service(host, self.hosts, scope):
+            await self.app(scope, receive, send)
+            return
+        message = (
+            f"the Host header {host!r} does not name this service" if host else "no Host header"
+        )
+        await _error(421, message)(scope, receive, send)
+
+
+class SameOrigin:
+    """Refuses requests that change runs (not GET, HEAD, OPTIONS) from a foreign ``Origin`` (403).
+
+    Own origins are ``http://`` followed by an allowed host at the service's port.
+    Requests without ``Origin`` (not from a browser) pass.
+    """
+
+    def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in _SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        origin = _header(scope, b"origin").decode("latin-1")
+        scheme, separator, authority = origin.partition("://")
+        if not origin or (
+            separator
+            and scheme.lower() == scope.get("scheme", "http")
+            and _names_service(authority, self.hosts, scope)
+        ):
+            await self.app(scope, receive, send)
+            return
+        message = f"requests from the origin {origin!r} may not change runs"
+        await _error(403, message)(scope, receive, send)
+
+
+class JSONBody:
+    """Refuses request bodies not declared ``Content-Type: application/json`` (415).
+
+    A cross-site form or ``text/plain`` request is sent by browsers without asking the
+    service first (no CORS preflight); one declared JSON is not.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not (
+            scope["method"] in _BODY_METHODS
+            or _header(scope, b"content-length") not in (b"", b"0")
+            or _header(scope, b"transfer-encoding")
+        ):
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-type").decode("latin-1")
+        if declared.partition(";")[0].strip().lower() == "application/json":
+            await self.app(scope, receive, send)
+            return
+        got = repr(declared) if declared else "none"
+        await _error(415, f"Content-Type must be application/json, got {got}")(scope, receive, send)
+
+
 class BodySizeLimit:
     """Refuses request bodies over ``max_bytes`` (413), declared or streamed."""
 
@@ -253,6 +364,28 @@ class BodySizeLimit:
 
 class _BodyTooLarge(Exception):
     pass
+
+
+def _names_service(authority: str, hosts: Collection[str], scope: Scope) -> bool:
+    """Whether ``authority`` (``name[:port]``) is an allowed host at the listening port.
+
+    Without a port it means port 80. When the server does not say its port (a Unix
+    socket, which browsers cannot reach), any port is taken.
+    """
+    if authority.startswith("["):
+        end = authority.find("]") + 1
+        if end == 0:
+            return False
+        name, rest = authority[:end], authority[end:]
+    else:
+        name, colon, port_text = authority.partition(":")
+        rest = colon + port_text
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        return False
+    port = int(rest[1:]) if rest else 80
+    server = scope.get("server")
+    listening = server[1] if server and server[1] is not None else port
+    return name.lower() in hosts and port == listening
 
 
 def _header(scope: Scope, name: bytes) -> bytes:

@@ -33,6 +33,7 @@ from managers import (
     ModelFileReleaseManager,
 )
 from programlogic import LocalContext, train_model
+from samples.service.admission import Admission
 from samples.service.config import INDEX, RECORDED, RunConfig, confine
 from samples.service.live_metrics import LiveMetricsReleaseManager, Point, from_rows
 from samples.service.lock import DataDirectoryLock
@@ -105,10 +106,15 @@ class Run:
 
 
 class RunRegistry:
-    """The runs of one data directory; their training tasks belong to ``open``'s task group."""
+    """The runs of one data directory; their training tasks belong to ``open``'s task group.
 
-    def __init__(self, data_dir: Path) -> None:
+    ``admission`` caps the active runs (``create`` raises ``TooManyRunsError`` at the
+    cap) and gives the registry's file work and model builds their own threads.
+    """
+
+    def __init__(self, data_dir: Path, admission: Admission | None = None) -> None:
         self.data_dir = data_dir
+        self.admission = admission or Admission()
         self._runs: dict[str, Run] = {}
         self._task_group: TaskGroup | None = None
         self._index_lock = anyio.Lock()
@@ -217,13 +223,18 @@ class RunRegistry:
             ValueError: ``config.directory`` is outside ``runs/``, or too long for the system.
             RunConflictError: another run uses the directory, or it exists already.
             RegistryFailedError: the registry failed; it starts nothing.
+            TooManyRunsError: ``admission.max_running`` runs are active.
         """
         if self._task_group is None:
             raise RuntimeError("the registry is not open")
         self._check_writable()
+        self.admission.admit(self._active())  # refused early: no disk work for a 429
         run_id = secrets.token_hex(6)
         directory = await anyio.to_thread.run_sync(
-            confine, self.data_dir / RUNS, config.directory or run_id
+            confine,
+            self.data_dir / RUNS,
+            config.directory or run_id,
+            limiter=self.admission.registry_io,
         )
         for other in self._runs.values():
             if directory.is_relative_to(other.directory) or other.directory.is_relative_to(
@@ -232,8 +243,10 @@ class RunRegistry:
                 raise RunConflictError(
                     f"directory {config.directory!r} overlaps the directory of run {other.id}"
                 )
-        if await anyio.Path(directory).exists():
+        if await anyio.to_thread.run_sync(directory.exists, limiter=self.admission.registry_io):
             raise RunConflictError(f"directory {config.directory!r} exists already")
+        # No await between the count and the insertion: concurrent requests see each other.
+        self.admission.admit(self._active())
         run = Run(id=run_id, config=config, directory=directory, status=RUNNING)
         self._runs[run_id] = run
         try:
@@ -267,11 +280,18 @@ class RunRegistry:
         await run.ended.wait()
         return run
 
+    def _active(self) -> int:
+        """The runs whose training has not ended: training, or stopping and still holding it."""
+        return sum(not run.ended.is_set() for run in self._runs.values())
+
     async def _train(self, run: Run) -> None:
         with anyio.CancelScope() as scope:
             run.cancel_scope = scope
             try:
-                await train(run.config, run.directory, run.live)
+                async with self.admission.slots:
+                    await train(
+                        run.config, run.directory, run.live, build_limiter=self.admission.builds
+                    )
             except Exception as error:
                 logger.exception("run %s failed", run.id)
                 run.status, run.error = FAILED, f"{type(error).__name__}: {error}"
@@ -292,7 +312,9 @@ class RunRegistry:
             payload = orjson.dumps(records, option=orjson.OPT_INDENT_2)
             try:
                 with anyio.CancelScope(shield=True):  # a shutdown must not tear the index
-                    await anyio.to_thread.run_sync(_replace, self.data_dir / INDEX, payload)
+                    await anyio.to_thread.run_sync(
+                        _replace, self.data_dir / INDEX, payload, limiter=self.admission.registry_io
+                    )
             except OSError as error:
                 self._fail(f"writing {INDEX}: {type(error).__name__}: {error}")
                 self._check_writable()
@@ -371,11 +393,20 @@ def _build_process(config: RunConfig, feature_shape: tuple[int, ...], num_classe
     )
 
 
-async def train(config: RunConfig, directory: Path, live: LiveMetricsReleaseManager) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``."""
-    data = await anyio.to_thread.run_sync(_digits)
+async def train(
+    config: RunConfig,
+    directory: Path,
+    live: LiveMetricsReleaseManager,
+    *,
+    build_limiter: anyio.CapacityLimiter | None = None,
+) -> None:
+    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``.
+
+    The model is built on a worker thread of ``build_limiter`` (default: anyio's).
+    """
+    data = await anyio.to_thread.run_sync(_digits, limiter=build_limiter)
     process = await anyio.to_thread.run_sync(
-        _build_process, config, data.feature_shape, data.num_classes
+        _build_process, config, data.feature_shape, data.num_classes, limiter=build_limiter
     )
     async with (
         LocalContext(max_workers=1),

@@ -22,15 +22,19 @@ from samples.service.app import create_app
 REPO = pathlib.Path(__file__).parent.parent.parent
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+IN_PROCESS_URL = "http://127.0.0.1:8000"
 
 
 @contextlib.asynccontextmanager
 async def in_process(data_dir: pathlib.Path, **options: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the app over ``data_dir``, started and, on leaving, shut down."""
+    """A client of the app over ``data_dir``, started and, on leaving, shut down.
+
+    The client talks to it as to one listening on ``127.0.0.1:8000`` (its ``Host``).
+    """
     app = create_app(data_dir, **options)
     async with (
         app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://service") as client,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url=IN_PROCESS_URL) as client,
     ):
         yield client
 
@@ -69,7 +73,9 @@ def free_port() -> int:
 class Server:
     """``python -m samples.service`` on a loopback port, as a user starts it."""
 
-    def __init__(self, data_dir: pathlib.Path, log: pathlib.Path, token: str = TOKEN) -> None:
+    def __init__(
+        self, data_dir: pathlib.Path, log: pathlib.Path, *options: str, token: str = TOKEN
+    ) -> None:
         self.starts = log.read_text().count("Started server process") + 1 if log.exists() else 1
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -77,7 +83,7 @@ class Server:
         command = [sys.executable, "-m", "samples.service", "--data-dir", str(data_dir)]
         with log.open("a") as output:
             self.process = subprocess.Popen(
-                [*command, "--port", str(self.port)],
+                [*command, "--port", str(self.port), *options],
                 cwd=REPO,
                 env=env,
                 stdout=output,
@@ -111,8 +117,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(data_dir: pathlib.Path, log: pathlib.Path) -> Iterator[Server]:
-    server = Server(data_dir, log)
+def serving(data_dir: pathlib.Path, log: pathlib.Path, *options: str) -> Iterator[Server]:
+    """``python -m samples.service`` with ``options``; killed on leaving if still running."""
+    server = Server(data_dir, log, *options)
     try:
         yield server
     finally:

@@ -10,6 +10,8 @@ from tests.samples.service_helpers import AUTH, TOKEN, in_process
 
 pytestmark = pytest.mark.anyio
 
+JSON = {"Content-Type": "application/json"}
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -83,7 +85,7 @@ async def test_an_oversized_body_is_413(tmp_path):
             for _ in range(4):
                 yield b'{"rounds": 1, "pad": "' + b"x" * 500
 
-        streamed = await service.post("/runs", content=chunks())
+        streamed = await service.post("/runs", content=chunks(), headers=JSON)
         assert streamed.status_code == 413
         assert (await service.get("/runs")).json() == {"runs": []}
 
@@ -98,7 +100,7 @@ async def test_an_oversized_body_is_413(tmp_path):
 )
 async def test_malformed_json_is_400(tmp_path, body, error):
     async with in_process(tmp_path) as service:
-        response = await service.post("/runs", content=body)
+        response = await service.post("/runs", content=body, headers=JSON)
         assert response.status_code == 400
         assert response.json()["error"].startswith(error)
         assert "\n" not in response.json()["error"]
