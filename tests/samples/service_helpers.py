@@ -70,6 +70,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# A shutdown grace no run's cancellation outlasts, for tests of a graceful shutdown.
+GRACEFUL = ("--shutdown-grace", "120")
+
+
 class Server:
     """``python -m samples.service`` on a loopback port, as a user starts it."""
 
@@ -103,7 +107,12 @@ class Server:
                 await anyio.sleep(0.2)
 
     def terminate(self) -> None:
-        """SIGTERM, as a service manager stops it; returns once it shut down gracefully."""
+        """SIGTERM, as a service manager stops it; returns once it shut down gracefully.
+
+        Only a service given a grace long enough for its runs to stop (GRACEFUL) is sure
+        to shut down gracefully on a loaded machine; with the default grace it may end
+        at the grace's end instead (exit status 143).
+        """
         self.process.send_signal(signal.SIGTERM)
         returncode = self.process.wait(timeout=90)
         # uvicorn shuts down, then ends itself by the signal it caught.

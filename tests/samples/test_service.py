@@ -14,6 +14,7 @@ import pytest
 from managers import FileProgramStateManager
 from tests.samples.service_helpers import (
     AUTH,
+    GRACEFUL,
     REPO,
     TOKEN,
     events,
@@ -105,7 +106,7 @@ async def test_the_status_page_and_health_are_served(tmp_path):
 
 async def test_a_served_run_stopped_by_sigterm_resumes_at_the_next_start(tmp_path):
     data_dir, log = tmp_path / "data", tmp_path / "server.log"
-    with serving(data_dir, log) as server:
+    with serving(data_dir, log, *GRACEFUL) as server:
         await server.wait_until_up()
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH) as client:
             run = (await client.post("/runs", json={"rounds": 100_000})).json()
@@ -114,7 +115,7 @@ async def test_a_served_run_stopped_by_sigterm_resumes_at_the_next_start(tmp_pat
     stopped_at = await latest_checkpoint(data_dir / "runs" / run["directory"])
     assert stopped_at >= 3
 
-    with serving(data_dir, log) as server:
+    with serving(data_dir, log, *GRACEFUL) as server:
         await server.wait_until_up()
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH) as client:
             resumed = await wait_for_round(client, run["id"], stopped_at + 2)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.samples.service_helpers import (
     AUTH,
+    GRACEFUL,
     REPO,
     TOKEN,
     free_port,
@@ -151,7 +152,7 @@ async def test_health_reports_a_registry_that_can_no_longer_write(tmp_path):
 
 async def test_a_second_service_on_the_same_data_directory_refuses_to_start(tmp_path):
     data_dir, log = tmp_path / "data", tmp_path / "server.log"
-    with serving(data_dir, log) as server:
+    with serving(data_dir, log, *GRACEFUL) as server:
         await server.wait_until_up()
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH) as client:
             run = (await client.post("/runs", json={"rounds": 100_000})).json()
