@@ -35,6 +35,7 @@ import uvicorn
 from samples.service.app import LOOPBACK_HOSTS, create_app
 from samples.service.config import check_token
 from samples.service.lock import DataDirectoryLockedError, check_unlocked
+from samples.service.runs import DamagedIndexError, read_index
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
 
@@ -61,7 +62,7 @@ def prepare_process() -> None:
     (not 10) collections of the middle generation, while tracing makes many
     long-lived objects.
     """
-    from samples.service.runs import load_training
+    from samples.service.training import load_training
 
     load_training()
     gc.freeze()
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--shutdown-grace must not be negative")
     try:
         check_unlocked(arguments.data_dir)
-    except DataDirectoryLockedError as error:
+        read_index(arguments.data_dir)
+    except (DataDirectoryLockedError, DamagedIndexError) as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -40,7 +40,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from samples.service.admission import DEFAULT_MAX_RUNNING, Admission, TooManyRunsError
 from samples.service.config import RunConfig, check_token
 from samples.service.live_metrics import stream_points
-from samples.service.runs import RunConflictError, RunNotFoundError, RunRegistry
+from samples.service.runs import (
+    RegistryFailedError,
+    RunConflictError,
+    RunNotFoundError,
+    RunRegistry,
+)
 
 __all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "create_app"]
 
@@ -165,6 +170,8 @@ async def start_run(request: Request) -> Response:
         run = await registry.create(config)
     except ValueError as error:
         return _error(422, f"directory: {error}")
+    except RegistryFailedError as error:
+        return _error(503, str(error))
     except RunConflictError as error:
         return _error(409, str(error))
     except TooManyRunsError as error:
@@ -189,6 +196,8 @@ async def cancel_run(request: Request) -> Response:
         run = await registry.cancel(request.path_params["run_id"])
     except RunNotFoundError as error:
         return _error(404, str(error))
+    except RegistryFailedError as error:
+        return _error(503, str(error))
     except RunConflictError as error:
         return _error(409, str(error))
     return _json(run.summary(registry.data_dir))

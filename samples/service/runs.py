@@ -26,26 +26,21 @@ import anyio.to_thread
 import orjson
 from anyio.abc import TaskGroup, TaskStatus
 
-from managers import (
-    CSVFileReleaseManager,
-    FileProgramStateManager,
-    GroupingReleaseManager,
-    ModelFileReleaseManager,
-)
-from programlogic import LocalContext, train_model
 from samples.service.admission import Admission
 from samples.service.config import INDEX, RECORDED, RunConfig, confine
 from samples.service.live_metrics import LiveMetricsReleaseManager, Point, from_rows
 from samples.service.lock import DataDirectoryLock
+from samples.service.training import load_training, train
 
 __all__ = [
     "RUNS",
+    "DamagedIndexError",
     "RegistryFailedError",
     "Run",
     "RunConflictError",
     "RunNotFoundError",
     "RunRegistry",
-    "load_training",
+    "read_index",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +48,17 @@ logger = logging.getLogger(__name__)
 RUNS = "runs"
 """The directory, in the data directory, that new runs' directories are relative to."""
 RUNNING, FINISHED, CANCELLED, FAILED = "running", "finished", "cancelled", "failed"
+
+
+class DamagedIndexError(ValueError):
+    """``runs.json`` is not the record of runs the service writes: the service cannot start."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(
+            f"{path} is damaged ({reason}): restore it from a backup, or move it aside to "
+            f"start with no runs recorded (the runs' directories stay under {RUNS}/)"
+        )
+        self.path = path
 
 
 class RunNotFoundError(LookupError):
@@ -144,6 +150,7 @@ class RunRegistry:
 
         Raises:
             DataDirectoryLockedError: another service holds the data directory.
+            DamagedIndexError: ``runs.json`` cannot be read as a record of runs.
         """
         await anyio.to_thread.run_sync(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
         lock = await anyio.to_thread.run_sync(DataDirectoryLock.acquire, self.data_dir)
@@ -173,8 +180,9 @@ class RunRegistry:
                 run.ended.set()
 
     async def _read_index(self) -> list[dict[str, Any]]:
-        index = anyio.Path(self.data_dir / INDEX)
-        return orjson.loads(await index.read_bytes()) if await index.exists() else []
+        return await anyio.to_thread.run_sync(
+            read_index, self.data_dir, limiter=self.admission.registry_io
+        )
 
     async def _hold(
         self, lock: DataDirectoryLock, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -320,6 +328,33 @@ class RunRegistry:
                 self._check_writable()
 
 
+_RECORD_KEYS = ("id", "config", "directory", "status", "error")
+
+
+def read_index(data_dir: Path) -> list[dict[str, Any]]:
+    """The runs ``runs.json`` in ``data_dir`` records (none without the file).
+
+    Raises:
+        DamagedIndexError: the file is not a list of run records.
+    """
+    path = data_dir / INDEX
+    try:
+        payload = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        records = orjson.loads(payload)
+    except orjson.JSONDecodeError as error:
+        raise DamagedIndexError(path, f"not JSON: {error}") from None
+    if not isinstance(records, list):
+        raise DamagedIndexError(path, f"a JSON {type(records).__name__}, not a list of runs")
+    for number, record in enumerate(records):
+        missing = [key for key in _RECORD_KEYS if not isinstance(record, dict) or key not in record]
+        if missing:
+            raise DamagedIndexError(path, f"run {number} lacks {', '.join(missing)}")
+    return records
+
+
 def _replace(path: Path, payload: bytes) -> None:
     # The service holds the data directory's lock and writes under the index lock, so
     # one temporary name is enough.
@@ -356,71 +391,3 @@ async def _history(directory: Path) -> list[Point]:
             return []
 
     return await anyio.to_thread.run_sync(read)
-
-
-def load_training() -> None:
-    """Import TensorFlow, Keras and scikit-learn, and load the digits: before serving.
-
-    Loading an extension module holds the GIL for up to half a second at a time, so
-    in a worker thread it still stalls the event loop; at startup no request waits.
-    """
-    import programlogic.learning  # noqa: F401  (imported for its side effect: loaded)
-
-    _digits()
-
-
-@functools.cache
-def _digits() -> Any:
-    from programlogic.datasets import load_digits_writers
-
-    return load_digits_writers()
-
-
-def _build_process(config: RunConfig, feature_shape: tuple[int, ...], num_classes: int) -> Any:
-    # Runs in a worker thread: building the model and its functions is Python work.
-    from programlogic.datasets import Preprocessing
-    from programlogic.learning import build_model, build_weighted_fed_avg, sgd
-
-    model_fn = functools.partial(build_model, config.model, feature_shape, num_classes)
-    return build_weighted_fed_avg(
-        model_fn,
-        sgd(config.client_lr),
-        sgd(config.server_lr),
-        preprocess=Preprocessing(
-            epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
-        ),
-        seed=config.seed,
-    )
-
-
-async def train(
-    config: RunConfig,
-    directory: Path,
-    live: LiveMetricsReleaseManager,
-    *,
-    build_limiter: anyio.CapacityLimiter | None = None,
-) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``.
-
-    The model is built on a worker thread of ``build_limiter`` (default: anyio's).
-    """
-    data = await anyio.to_thread.run_sync(_digits, limiter=build_limiter)
-    process = await anyio.to_thread.run_sync(
-        _build_process, config, data.feature_shape, data.num_classes, limiter=build_limiter
-    )
-    async with (
-        LocalContext(max_workers=1),
-        FileProgramStateManager(directory / "state", keep_total=3) as state,
-        GroupingReleaseManager([CSVFileReleaseManager(directory / "metrics.csv"), live]) as metrics,
-        ModelFileReleaseManager(directory / "models") as models,
-    ):
-        await train_model(
-            train_process=process,
-            train_data_source=data.train,
-            train_per_round_clients=config.clients_per_round,
-            train_total_rounds=config.rounds,
-            program_state_manager=state,
-            model_output_manager=models,
-            train_metrics_manager=metrics,
-            seed=config.seed,
-        )

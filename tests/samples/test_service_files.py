@@ -143,7 +143,7 @@ async def test_health_reports_a_registry_that_can_no_longer_write(tmp_path):
         assert ".runs.json.tmp" in health.json()["error"]
 
         refused = await service.post("/runs", json={"rounds": 1})
-        assert refused.status_code == 409
+        assert refused.status_code == 503
         assert refused.json()["error"].startswith("the service cannot record its runs")
         # The other run goes on training.
         at = (await service.get(f"/runs/{lasting['id']}")).json()["round"]
@@ -189,3 +189,30 @@ async def test_a_second_app_on_a_locked_data_directory_fails_to_start(tmp_path):
         assert (await service.get("/health")).status_code == 200
     async with in_process(tmp_path) as service:  # released when the first one stopped
         assert (await service.get("/health")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "not JSON"),
+        (b'{"runs": []}', "a JSON dict, not a list of runs"),
+        (b'[{"id": "a"}]', "run 0 lacks config, directory, status, error"),
+    ],
+)
+async def test_a_damaged_run_record_stops_the_service_with_one_line(tmp_path, content, reason):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "runs.json").write_bytes(content)
+    refused = subprocess.run(
+        [sys.executable, "-m", "samples.service", "--data-dir", str(data_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang guard; it refuses before loading anything
+        env={**os.environ, "PROGRAMLOGIC_SERVICE_TOKEN": TOKEN},
+    )
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith(f"python -m samples.service: {data_dir / 'runs.json'} is damaged (")
+    assert reason in line and "move it aside to start with no runs recorded" in line
+    assert (data_dir / "runs.json").read_bytes() == content  # left as it was
