@@ -9,25 +9,45 @@ from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.models import MODELS, build_model, cnn, mlp, softmax_regression
-from programlogic.learning.optimizers import SGD, Adam, Optimizer, adam, sgd
+from programlogic.learning.optimizers import (
+    SGD,
+    Adagrad,
+    Adam,
+    Optimizer,
+    RMSprop,
+    Yogi,
+    adagrad,
+    adam,
+    as_optimizer,
+    rmsprop,
+    sgd,
+    yogi,
+)
 
 __all__ = [
     "MODELS",
     "SGD",
+    "Adagrad",
     "Adam",
     "FederatedEvaluation",
     "FunctionalModel",
     "ModelWeights",
     "Optimizer",
+    "RMSprop",
     "WeightedFedAvg",
+    "Yogi",
+    "adagrad",
     "adam",
+    "as_optimizer",
     "build_fed_eval",
     "build_model",
     "build_weighted_fed_avg",
     "cnn",
     "mlp",
+    "rmsprop",
     "sgd",
     "softmax_regression",
+    "yogi",
 ]
 
 __getattr__ = moved_names(

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from managers.validation import check_int, check_type, describe
+from managers.validation import check_int, check_type
 from programlogic.context import count_dropped_clients
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
@@ -28,7 +28,7 @@ from programlogic.learning._grouped import (
 )
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
-from programlogic.learning.optimizers import Optimizer, sgd
+from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 from programlogic.process import LearningProcessOutput
 from programlogic.tasks import task_group
 
@@ -336,8 +336,8 @@ def _train_group_graph(
 
 def build_weighted_fed_avg(
     model_fn: Callable[[], Any],
-    client_optimizer: Optimizer | None = None,
-    server_optimizer: Optimizer | None = None,
+    client_optimizer: Optimizer | Any = None,
+    server_optimizer: Optimizer | Any = None,
     *,
     loss: Any = None,
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
@@ -349,7 +349,10 @@ def build_weighted_fed_avg(
 
     - ``client_optimizer``: the local update rule (default ``sgd(0.02)``, the tutorial's);
       ``server_optimizer``: applies the averaged delta (default ``sgd(1.0)``: the new
-      model is the weighted mean of the client models).
+      model is the weighted mean of the client models; ``adam``, ``yogi``, ``adagrad``
+      make FedAdam, FedYogi, FedAdagrad, ``sgd`` with momentum FedAvgM). Either may be a
+      Keras SGD, Adam, Adagrad or RMSprop, converted by
+      :func:`~programlogic.learning.optimizers.as_optimizer`.
     - ``loss``: a Keras loss (default ``SparseCategoricalCrossentropy()``); ``metrics``:
       names from :data:`~programlogic.learning.keras_model.SUPPORTED_METRICS`.
     - ``preprocess``: turns a client's arrays into batches (default
@@ -363,15 +366,8 @@ def build_weighted_fed_avg(
         client_optimizer = sgd(0.02)
     if server_optimizer is None:
         server_optimizer = sgd(1.0)
-    for name, optimizer in (
-        ("client_optimizer", client_optimizer),
-        ("server_optimizer", server_optimizer),
-    ):
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(
-                f"{name} must be a programlogic.learning optimizer (sgd, adam), got "
-                f"{describe(optimizer)}"
-            )
+    client_optimizer = as_optimizer(client_optimizer, "client_optimizer")
+    server_optimizer = as_optimizer(server_optimizer, "server_optimizer")
     if preprocess is None:
         preprocess = Preprocessing()
     check_type("preprocess", preprocess, Preprocessing)
