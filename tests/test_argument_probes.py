@@ -494,6 +494,50 @@ def probes() -> list[Probe]:
             [("beta_1", 1.0, ValueError), ("epsilon", True, TypeError)],
         ),
         (
+            "adagrad",
+            lambda **arguments: learning().adagrad(**arguments),
+            lambda: {"learning_rate": 0.1},
+            [
+                ("learning_rate", -1.0, ValueError),
+                ("initial_preconditioner_value", -0.1, ValueError),
+                ("epsilon", "1e-7", TypeError),
+            ],
+        ),
+        (
+            "yogi",
+            lambda **arguments: learning().yogi(**arguments),
+            lambda: {"learning_rate": 0.1},
+            [
+                ("learning_rate", "0.1", TypeError),
+                ("beta_1", 1.0, ValueError),
+                ("beta_2", -0.5, ValueError),
+                ("epsilon", -1.0, ValueError),
+                ("initial_preconditioner_value", None, TypeError),
+            ],
+        ),
+        (
+            "rmsprop",
+            lambda **arguments: learning().rmsprop(**arguments),
+            lambda: {"learning_rate": 0.1},
+            [
+                ("learning_rate", -0.1, ValueError),
+                ("decay", 1.0, ValueError),
+                ("epsilon", [1e-7], TypeError),
+            ],
+        ),
+        (
+            "RMSprop",
+            lambda **arguments: learning().RMSprop(**arguments),
+            lambda: {"learning_rate": 0.1},
+            [("epsilon_inside_sqrt", "yes", TypeError)],
+        ),
+        (
+            "as_optimizer",
+            lambda **arguments: learning().as_optimizer(**arguments, argument_name="value"),
+            lambda: {"value": learning().sgd()},
+            [("value", "adam", TypeError)],
+        ),
+        (
             "softmax_regression",
             lambda **arguments: learning().softmax_regression(**arguments),
             dict,
@@ -519,6 +563,7 @@ def probes() -> list[Probe]:
             dict,
             [
                 ("client_optimizer", "sgd", TypeError),
+                ("server_optimizer", 1.0, TypeError),
                 ("preprocess", "batches", TypeError),
                 ("seed", -1, ValueError),
                 ("seed", "0", TypeError),

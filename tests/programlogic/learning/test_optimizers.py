@@ -3,7 +3,18 @@ import copy
 import numpy as np
 import pytest
 
-from programlogic.learning import SGD, Adam, adam, sgd
+from programlogic.learning import (
+    SGD,
+    Adagrad,
+    Adam,
+    RMSprop,
+    Yogi,
+    adagrad,
+    adam,
+    rmsprop,
+    sgd,
+    yogi,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -70,8 +81,100 @@ async def test_adam_defaults_are_keras_defaults() -> None:
     assert sgd(0.5) == SGD(learning_rate=0.5, momentum=0.0)
 
 
+async def test_defaults_are_those_of_tensorflow_federated_builders() -> None:
+    # build_sgdm(learning_rate=0.01, momentum=None), build_adagrad(lr, 0.1, 1e-7),
+    # build_yogi(lr, 0.9, 0.999, 1e-3, initial_preconditioner_value=1e-6),
+    # build_rmsprop(lr, decay=0.9, epsilon=1e-7).
+    assert sgd() == SGD(learning_rate=0.01, momentum=0.0)
+    assert adagrad(0.5) == Adagrad(0.5, initial_preconditioner_value=0.1, epsilon=1e-7)
+    assert yogi(0.5) == Yogi(
+        0.5, beta_1=0.9, beta_2=0.999, epsilon=1e-3, initial_preconditioner_value=1e-6
+    )
+    assert rmsprop(0.5) == RMSprop(0.5, decay=0.9, epsilon=1e-7, epsilon_inside_sqrt=False)
+
+
+async def test_adagrad_divides_by_the_root_of_the_summed_squares() -> None:
+    # s = 0 + 9 -> w = 1 - 0.1 * 3 / 3; s = 9 + 16 -> w = 0.9 - 0.1 * 4 / 5.
+    history, state = steps(
+        adagrad(0.1, initial_preconditioner_value=0.0, epsilon=0.0),
+        vector(1.0),
+        [vector(3.0), vector(4.0)],
+    )
+    np.testing.assert_allclose([h[0][0] for h in history], [0.9, 0.82], rtol=1e-12)
+    np.testing.assert_allclose(state["preconditioner"][0], [25.0], rtol=1e-12)
+
+
+async def test_adagrad_starts_from_its_preconditioner_and_adds_epsilon_inside_the_root() -> None:
+    # s = 7 + 9 = 16 -> w = 1 - 0.1 * 3 / sqrt(16 + 9) = 0.94 (not 1 - 0.3 / (4 + 9)).
+    history, _ = steps(
+        adagrad(0.1, initial_preconditioner_value=7.0, epsilon=9.0), vector(1.0), [vector(3.0)]
+    )
+    np.testing.assert_allclose(history[0][0], [0.94], rtol=1e-12)
+
+
+async def test_yogi_moves_its_second_moment_by_the_sign_of_the_difference() -> None:
+    # Coordinate 0, from v = 1: g = 2, g**2 > v so v = 1 + 0.5 * 4 = 3; then g = 1,
+    # g**2 < v so v = 3 - 0.5 * 1 = 2.5 (Adam's moving mean would give 2).
+    # Coordinate 1 sees g**2 = v = 1: v stays 1.  m = 1 then 1 for coordinate 0.
+    # The step is Adam's: rate * sqrt(1 - 0.5**t) / (1 - 0.5**t) * m / sqrt(v).
+    history, state = steps(
+        yogi(0.1, beta_1=0.5, beta_2=0.5, epsilon=0.0, initial_preconditioner_value=1.0),
+        vector(1.0, 1.0),
+        [vector(2.0, 1.0), vector(1.0, -1.0)],
+    )
+    first = 1 - 0.1 * np.sqrt(0.5) / 0.5 * 1.0 / np.sqrt(3.0)
+    second = first - 0.1 * np.sqrt(0.75) / 0.75 * 1.0 / np.sqrt(2.5)
+    np.testing.assert_allclose([h[0][0] for h in history], [first, second], rtol=1e-12)
+    np.testing.assert_allclose(state["second"][0], [2.5, 1.0], rtol=1e-12)
+    np.testing.assert_allclose(state["first"][0], [1.0, -0.25], rtol=1e-12)
+    assert state["step"] == 2.0
+
+
+async def test_rmsprop_scales_by_a_moving_mean_of_squares_epsilon_where_asked() -> None:
+    # s = 0.5 * 0 + 0.5 * 4 = 2 then 0.5 * 2 + 0.5 * 4 = 3; w -= 0.1 * 2 / sqrt(s).
+    history, state = steps(
+        rmsprop(0.1, decay=0.5, epsilon=0.0), vector(1.0), [vector(2.0), vector(2.0)]
+    )
+    first = 1 - 0.2 / np.sqrt(2.0)
+    np.testing.assert_allclose(
+        [h[0][0] for h in history], [first, first - 0.2 / np.sqrt(3.0)], rtol=1e-12
+    )
+    np.testing.assert_allclose(state["preconditioner"][0], [3.0], rtol=1e-12)
+    # TFF's epsilon is added to sqrt(s), Keras' to s.
+    outside, _ = steps(rmsprop(0.1, decay=0.5, epsilon=1.0), vector(1.0), [vector(2.0)])
+    inside, _ = steps(RMSprop(0.1, 0.5, 1.0, epsilon_inside_sqrt=True), vector(1.0), [vector(2.0)])
+    np.testing.assert_allclose(outside[0][0], [1 - 0.2 / (np.sqrt(2.0) + 1)], rtol=1e-12)
+    np.testing.assert_allclose(inside[0][0], [1 - 0.2 / np.sqrt(3.0)], rtol=1e-12)
+
+
+async def test_describe_names_the_class_and_its_hyperparameters() -> None:
+    assert yogi(0.1).describe() == {
+        "class": "Yogi",
+        "learning_rate": 0.1,
+        "beta_1": 0.9,
+        "beta_2": 0.999,
+        "epsilon": 0.001,
+        "initial_preconditioner_value": 1e-6,
+    }
+    assert adagrad(0.2).describe() == {
+        "class": "Adagrad",
+        "learning_rate": 0.2,
+        "initial_preconditioner_value": 0.1,
+        "epsilon": 1e-7,
+    }
+    assert rmsprop(0.3).describe() == {
+        "class": "RMSprop",
+        "learning_rate": 0.3,
+        "decay": 0.9,
+        "epsilon": 1e-7,
+        "epsilon_inside_sqrt": False,
+    }
+
+
 @pytest.mark.parametrize(
-    "optimizer", [sgd(0.1), sgd(0.1, momentum=0.5), adam(0.01)], ids=["sgd", "momentum", "adam"]
+    "optimizer",
+    [sgd(0.1), sgd(0.1, momentum=0.5), adam(0.01), adagrad(0.1), yogi(0.1), rmsprop(0.1)],
+    ids=["sgd", "momentum", "adam", "adagrad", "yogi", "rmsprop"],
 )
 async def test_steps_are_pure_and_keep_float32(optimizer) -> None:
     weights = [np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)]
@@ -107,6 +210,29 @@ async def test_steps_are_pure_and_keep_float32(optimizer) -> None:
         ),
         (lambda: adam(beta_2=1.5), ValueError, r"beta_2 must be .* < 1\.0, got 1\.5"),
         (lambda: adam(epsilon=-1e-7), ValueError, r"epsilon must be a number >= 0, got -1e-07"),
+        (lambda: adagrad(-0.1), ValueError, r"learning_rate must be a number >= 0, got -0\.1"),
+        (
+            lambda: adagrad(0.1, initial_preconditioner_value=-1.0),
+            ValueError,
+            r"initial_preconditioner_value must be a number >= 0, got -1\.0",
+        ),
+        (lambda: adagrad(0.1, epsilon="0"), TypeError, r"epsilon must be a number >= 0, got str"),
+        (lambda: yogi(0.1, beta_1=1.0), ValueError, r"beta_1 must be .* < 1\.0, got 1\.0"),
+        (lambda: yogi(0.1, beta_2=-0.1), ValueError, r"beta_2 must be .* got -0\.1"),
+        (lambda: yogi(0.1, epsilon=-1.0), ValueError, r"epsilon must be a number >= 0, got -1"),
+        (
+            lambda: yogi(0.1, initial_preconditioner_value=None),
+            TypeError,
+            "initial_preconditioner_value must be a number >= 0, got None",
+        ),
+        (lambda: rmsprop(0.1, decay=1.0), ValueError, r"decay must be .* < 1\.0, got 1\.0"),
+        (lambda: rmsprop(0.1, epsilon=-1.0), ValueError, r"epsilon must be a number >= 0"),
+        (
+            lambda: RMSprop(0.1, epsilon_inside_sqrt=1),
+            TypeError,
+            "epsilon_inside_sqrt must be a bool, got int 1",
+        ),
+        (lambda: yogi(), TypeError, "learning_rate"),
     ],
 )
 async def test_invalid_hyperparameters_are_refused(build, error: type, message: str) -> None:
