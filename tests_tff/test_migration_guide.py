@@ -1,4 +1,5 @@
-"""docs/migrating_from_tff.md maps every public name of tff.program and tff.learning.programs."""
+"""docs/migrating_from_tff.md maps every public name of tff.program, tff.learning.programs
+and tff.learning.optimizers."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ def first_column_names(section: str) -> set[str]:
 
 @pytest.mark.parametrize(
     ("heading", "module"),
-    [("### `tff.program`", tff.program), ("### `tff.learning.programs`", tff.learning.programs)],
+    [
+        ("### `tff.program`", tff.program),
+        ("### `tff.learning.programs`", tff.learning.programs),
+        ("### `tff.learning.optimizers`", tff.learning.optimizers),
+    ],
 )
 async def test_every_public_name_has_a_row(heading: str, module: object) -> None:
     text = GUIDE.read_text()
