@@ -56,7 +56,8 @@ def from_keras(value: Any, argument_name: str) -> Optimizer | None:
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
         raise ValueError(
             f"{argument_name}: a Keras {name} with a learning-rate schedule "
-            f"({type(value._learning_rate).__name__}) is not supported: give a constant rate"
+            f"({type(getattr(value, '_learning_rate', rate)).__name__}) is not supported: "
+            "give a constant rate"
         )
     for option in (*_REFUSED[name], *_KERAS_ONLY):
         if config.get(option):
@@ -66,5 +67,5 @@ def from_keras(value: Any, argument_name: str) -> Optimizer | None:
             )
     try:
         return _rule(name, config, float(str(np.float32(rate))))
-    except ValueError as error:
-        raise ValueError(f"{argument_name}: the Keras {name}'s {error}") from error
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{argument_name}: the Keras {name}'s {error}") from error

@@ -1,9 +1,9 @@
 """Data and NumPy references shared by the tests of ``programlogic.learning``.
 
 Everything here is written without the library under test: a softmax regression's
-forward pass, cross-entropy and gradient, SGD (with momentum) and Adam, and FedAvg on
-top of them, all in float64 NumPy, so the compiled TensorFlow code can be checked
-against arithmetic a reader can follow.
+forward pass, cross-entropy and gradient, SGD (with momentum), Adam, Adagrad, Yogi and
+RMSprop, and FedAvg on top of them, all in float64 NumPy, so the compiled TensorFlow
+code can be checked against arithmetic a reader can follow.
 """
 
 from __future__ import annotations
@@ -128,6 +128,67 @@ def hand_adam(
             for w, m, v in zip(weights, first, second, strict=True)
         ]
         return (t, first, second), new
+
+    return initialize, step
+
+
+def hand_adagrad(rate: float, initial: float = 0.1, epsilon: float = 1e-7) -> HandOptimizer:
+    def initialize(weights: list) -> Any:
+        return [np.full_like(w, initial, dtype=np.float64) for w in weights]
+
+    def step(squares: Any, weights: list, grads: list) -> tuple[Any, list]:
+        squares = [s + g**2 for s, g in zip(squares, grads, strict=True)]
+        new = [
+            w - rate * g / np.sqrt(s + epsilon)
+            for w, g, s in zip(weights, grads, squares, strict=True)
+        ]
+        return squares, new
+
+    return initialize, step
+
+
+def hand_yogi(
+    rate: float,
+    beta_1: float = 0.9,
+    beta_2: float = 0.999,
+    epsilon: float = 1e-3,
+    initial: float = 1e-6,
+) -> HandOptimizer:
+    def initialize(weights: list) -> Any:
+        first = [np.zeros_like(w, dtype=np.float64) for w in weights]
+        return 0, first, [np.full_like(w, initial, dtype=np.float64) for w in weights]
+
+    def step(state: Any, weights: list, grads: list) -> tuple[Any, list]:
+        t, first, second = state
+        t += 1
+        first = [beta_1 * m + (1 - beta_1) * g for m, g in zip(first, grads, strict=True)]
+        # Zaheer et al.: v moves toward g**2 by (1 - beta_2) g**2, whatever their gap.
+        second = [
+            v - (1 - beta_2) * np.sign(v - g**2) * g**2 for v, g in zip(second, grads, strict=True)
+        ]
+        step_size = rate * np.sqrt(1 - beta_2**t) / (1 - beta_1**t)
+        new = [
+            w - step_size * m / (np.sqrt(v) + epsilon)
+            for w, m, v in zip(weights, first, second, strict=True)
+        ]
+        return (t, first, second), new
+
+    return initialize, step
+
+
+def hand_rmsprop(rate: float, decay: float = 0.9, epsilon: float = 1e-7) -> HandOptimizer:
+    def initialize(weights: list) -> Any:
+        return [np.zeros_like(w, dtype=np.float64) for w in weights]
+
+    def step(mean_squares: Any, weights: list, grads: list) -> tuple[Any, list]:
+        mean_squares = [
+            decay * s + (1 - decay) * g**2 for s, g in zip(mean_squares, grads, strict=True)
+        ]
+        new = [
+            w - rate * g / (np.sqrt(s) + epsilon)
+            for w, g, s in zip(weights, grads, mean_squares, strict=True)
+        ]
+        return mean_squares, new
 
     return initialize, step
 

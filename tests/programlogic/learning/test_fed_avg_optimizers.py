@@ -10,8 +10,20 @@ import functools
 import itertools
 import math
 
+import numpy as np
 import pytest
-from learning_support import CLASSES, FEATURES, assert_same_state, ragged_clients
+from learning_support import (
+    CLASSES,
+    FEATURES,
+    assert_same_state,
+    fed_avg,
+    hand_adagrad,
+    hand_rmsprop,
+    hand_yogi,
+    handles,
+    known_weights,
+    ragged_clients,
+)
 
 from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
 from programlogic import InMemoryDataSource, LocalContext, train_model
@@ -30,6 +42,7 @@ from programlogic.testing import CrashingStateManager, SimulatedCrash
 
 pytestmark = pytest.mark.anyio
 
+SMALL_MODEL = functools.partial(softmax_regression, (FEATURES,), CLASSES)
 SERVER_OPTIMIZERS = {
     "fed_avg_m": sgd(1.0, momentum=0.9),
     "fed_adam": adam(0.05),
@@ -64,9 +77,55 @@ async def run(process: WeightedFedAvg, state_manager, data_source, *, rounds: in
     return result, losses
 
 
+# Against FedAvg written in NumPy: the compiled client step and the server step.
+
+EPOCHS, BATCH = 2, 4
+BOTH_SIDES = {
+    "adagrad": ((adagrad(0.3), hand_adagrad(0.3)), (adagrad(0.2), hand_adagrad(0.2))),
+    "yogi": ((yogi(0.05), hand_yogi(0.05)), (yogi(0.1, beta_2=0.9), hand_yogi(0.1, beta_2=0.9))),
+    "rmsprop": ((rmsprop(0.01), hand_rmsprop(0.01)), (rmsprop(0.05), hand_rmsprop(0.05))),
+}
+
+
+@functools.cache
+def both_sides_process(name: str) -> WeightedFedAvg:
+    (client, _), (server, _) = BOTH_SIDES[name]
+    return build_weighted_fed_avg(
+        SMALL_MODEL,
+        client,
+        server,
+        preprocess=Preprocessing(epochs=EPOCHS, batch_size=BATCH, shuffle_buffer=0),
+    )
+
+
+@pytest.mark.parametrize("name", list(BOTH_SIDES))
+async def test_two_rounds_equal_fed_avg_written_in_numpy(name: str) -> None:
+    (_, hand_client), (_, hand_server) = BOTH_SIDES[name]
+    process = both_sides_process(name)
+    state = process.set_model_weights(process.initialize(), known_weights())
+    history = []
+    async with LocalContext(max_workers=2):
+        for _ in range(2):
+            state = (await process.next(state, handles(ragged_clients()))).state
+            history.append(state["model"]["trainable"])
+
+    data = list(ragged_clients().values())
+    expected = fed_avg(
+        known_weights()["trainable"],
+        [data, data],
+        hand_client,
+        hand_server,
+        epochs=EPOCHS,
+        batch_size=BATCH,
+    )
+    for trainable, (weights, _) in zip(history, expected, strict=True):
+        for actual, wanted in zip(trainable, weights, strict=True):
+            np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(history[-1][0], known_weights()["trainable"][0], atol=1e-2)
+
+
 # Resuming.
 
-SMALL_MODEL = functools.partial(softmax_regression, (FEATURES,), CLASSES)
 ROUNDS = 4
 
 
