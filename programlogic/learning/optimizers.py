@@ -3,14 +3,18 @@
 An optimizer here holds no variables. ``initialize(weights)`` returns its state (a
 structure of arrays, stored in checkpoints like any other state) and
 ``next(state, weights, gradients)`` returns ``(new_state, new_weights)``. The rules use
-only arithmetic operators, so the same optimizer runs on NumPy arrays (server steps)
-and on TensorFlow tensors inside compiled client updates.
+arithmetic operators (and, for Yogi, the sign of NumPy or TensorFlow), so the same
+optimizer runs on NumPy arrays (server steps) and on TensorFlow tensors inside compiled
+client updates.
 
 For FedAvg's server step the "gradient" is the averaged client delta
 (``initial - trained``), so ``sgd(1.0)`` on the server sets the model to the weighted
 mean of the clients' models, as in TensorFlow Federated. The rules, their arguments and
 their defaults are those of ``tff.learning.optimizers`` (0.87): ``build_sgdm``,
-``build_adam``, ``build_adagrad``, ``build_yogi`` and ``build_rmsprop``.
+``build_adam``, ``build_adagrad``, ``build_yogi`` and ``build_rmsprop``. As FedAvg's
+server optimizer, ``adam``, ``yogi`` and ``adagrad`` make FedAdam, FedYogi and FedAdagrad
+(Reddi et al. 2020), ``sgd`` with momentum FedAvgM. :func:`as_optimizer` also takes a
+Keras optimizer that maps onto one of these rules.
 """
 
 from __future__ import annotations
