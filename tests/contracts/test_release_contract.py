@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import logging
 import re
 import sys
@@ -23,6 +24,7 @@ import orjson
 import pytest
 
 from managers import (
+    BestModelReleaseManager,
     CSVFileReleaseManager,
     DelayedReleaseManager,
     FilteringReleaseManager,
@@ -487,3 +489,35 @@ class TestKerasModelReleaseManager(ReleaseManagerContract):
             Capabilities(str_keys=False, normalize=_as_model_file_holds),
             reopen=manager,
         )
+
+
+# The best model: each value is released as an evaluated model whose metric grows with
+# every call (across restarts too), so that each release is the best so far and passes.
+
+
+class _Improving(ReleaseManager):
+    """Releases each value to ``manager`` as the weights of an ever better evaluated model."""
+
+    def __init__(self, manager: ReleaseManager, scores: Iterator[int]) -> None:
+        self.manager = manager
+        self.scores = scores
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        metrics = {"score": next(self.scores)}
+        await self.manager.release({"weights": value, "metrics": metrics}, key)
+
+    async def aclose(self) -> None:
+        await self.manager.aclose()
+
+
+class TestBestModelReleaseManager(ReleaseManagerContract):
+    @pytest.fixture
+    def subject(self) -> ReleaseSubject:
+        memory, saved = MemoryReleaseManager(), MemoryProgramStateManager(keep_total=1)
+        scores = itertools.count()
+
+        def best() -> ReleaseManager:
+            manager = BestModelReleaseManager(memory, "score", state_manager=saved)
+            return _Improving(manager, scores)
+
+        return ReleaseSubject(best(), memory.values, reopen=best)
