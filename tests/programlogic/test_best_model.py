@@ -20,6 +20,7 @@ from managers import (
     MemoryProgramStateManager,
     MemoryReleaseManager,
     ModelFileReleaseManager,
+    ProgramStateManager,
 )
 from programlogic import EvaluationManager, LocalContext, train_model
 from programlogic.datasets import Preprocessing, load_digits_writers
@@ -63,11 +64,21 @@ async def train(root: Path, rounds: int) -> tuple[dict[int, Any], Any]:
     Returns the evaluated models by round ({"weights", "metrics"}) and what the best
     manager names the best.
     """
+    async with (
+        FileProgramStateManager(root / "state") as state,
+        FileProgramStateManager(root / "best_so_far", keep_total=1) as best_so_far,
+    ):
+        return await train_with(root, rounds, state, best_so_far)
+
+
+async def train_with(
+    root: Path, rounds: int, state: ProgramStateManager, best_so_far: ProgramStateManager
+) -> tuple[dict[int, Any], Any]:
     evaluated = MemoryReleaseManager()
     best = BestModelReleaseManager(
         KerasModelReleaseManager(root, MODEL_FN, formats=("keras",), name="best"),
         ACCURACY,
-        state_manager=FileProgramStateManager(root / "best_so_far", keep_total=1),
+        state_manager=best_so_far,
     )
     evaluations = EvaluationManager(
         data_source=DIGITS.test,
@@ -85,7 +96,7 @@ async def train(root: Path, rounds: int) -> tuple[dict[int, Any], Any]:
             train_data_source=DIGITS.train,
             train_per_round_clients=3,
             train_total_rounds=rounds,
-            program_state_manager=FileProgramStateManager(root / "state"),
+            program_state_manager=state,
             model_output_manager=ModelFileReleaseManager(root / "final"),
             evaluation_manager=evaluations,
         )
