@@ -380,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     except OtherRunError as error:
         sys.exit(f"main_job: {error}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # not each SavedModel's assets
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     try:
