@@ -19,14 +19,17 @@ from managers._files import fsync_directory
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.validation import check_callable, check_path, describe
 from managers.values import materialize
-from programlogic.learning._tensorflow import GRAPHS, keras
+from programlogic.learning._tensorflow import GRAPHS, keras, tf
 
-__all__ = ["FORMATS", "KerasModelReleaseManager", "model_version"]
+__all__ = ["FORMATS", "SERVING_INPUT", "KerasModelReleaseManager", "model_version"]
 
 logger = logging.getLogger(__name__)
 
 FORMATS = ("keras", "saved_model")
 """The formats :class:`KerasModelReleaseManager` writes: a ``.keras`` file, a SavedModel."""
+
+SERVING_INPUT = "inputs"
+"""The name of the ``serving_default`` signature's input, for a model of one input."""
 
 _FINAL_KEY = re.compile(r"final_training_checkpoint_round_([0-9]+)")
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
@@ -69,7 +72,9 @@ class KerasModelReleaseManager(ReleaseManager):
     - ``"keras"`` in ``formats``: ``{name}.keras``, for ``keras.saving.load_model``;
     - ``"saved_model"``: a TensorFlow SavedModel (``saved_model.pb``, ``variables/``)
       with a ``serving_default`` signature, for ``tf.saved_model.load`` and TensorFlow
-      Serving, whose model base path is ``{root}/{name}`` (it serves the highest version).
+      Serving, whose model base path is ``{root}/{name}`` (it serves the highest
+      version). A model of one input takes it as ``inputs`` (a batch) and returns
+      ``{"output_0": outputs}``.
 
     A key's directory is written whole beside it and renamed into place, so both formats
     of a version always belong to the same release; releasing a key again replaces it
@@ -149,7 +154,12 @@ class KerasModelReleaseManager(ReleaseManager):
             try:
                 new.mkdir(parents=True)
                 if "saved_model" in self._formats:
-                    self._model.export(str(new), format="tf_saved_model", verbose=False)
+                    self._model.export(
+                        str(new),
+                        format="tf_saved_model",
+                        verbose=False,
+                        input_signature=_input_signature(self._model),
+                    )
                 if "keras" in self._formats:
                     self._model.save(new / f"{self._name}.keras")
                 _fsync_tree(new)
@@ -157,6 +167,15 @@ class KerasModelReleaseManager(ReleaseManager):
             except BaseException:
                 shutil.rmtree(new, ignore_errors=True)
                 raise
+
+
+def _input_signature(model: Any) -> list[Any] | None:
+    """A model of one input serves it as ``inputs``; Keras names the others' inputs."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs or len(inputs) != 1:
+        return None
+    shape = (None, *inputs[0].shape[1:])
+    return [tf.TensorSpec(shape, inputs[0].dtype, name=SERVING_INPUT)]
 
 
 def _set_weights(model: Any, value: Any) -> None:

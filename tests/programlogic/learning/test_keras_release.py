@@ -52,9 +52,7 @@ LOAD_AND_PREDICT = textwrap.dedent(
     model = keras.saving.load_model(f"{version}/model.keras")
     np.save(f"{out}/keras.npy", model.predict(x, verbose=0))
     serve = tf.saved_model.load(version).signatures["serving_default"]
-    (name,) = serve.structured_input_signature[1]
-    (outputs,) = serve(**{name: tf.constant(x)}).values()
-    np.save(f"{out}/saved_model.npy", outputs.numpy())
+    np.save(f"{out}/saved_model.npy", serve(inputs=tf.constant(x))["output_0"].numpy())
     """
 )
 
