@@ -226,6 +226,21 @@ async def test_a_crash_releasing_a_round_then_resume_repeats_that_round_only() -
     assert program.aggregated.values() == reference.aggregated.values()
 
 
+async def test_each_finished_evaluation_releases_the_weights_it_evaluated_and_metrics() -> None:
+    models = MemoryReleaseManager()
+    program = Program(evaluated_model_manager=models)
+    program.store.crash_at("evaluation_of_round_4", 2, after_save=True)
+    with pytest.raises(SimulatedCrash):
+        await run_to_completion(program, [2, 4])
+    assert 4 not in models.values()  # round 4 had not finished
+    await run_to_completion(program, [2, 4])
+    held = models.values()
+    assert sorted(held) == [2, 4]
+    for train_round in (2, 4):
+        assert held[train_round]["metrics"] == program.aggregated.values()[train_round]
+        assert held[train_round]["weights"].tolist() == [train_round, train_round]
+
+
 async def test_a_resumed_evaluation_samples_what_it_would_have_sampled() -> None:
     reference = await reference_run([2])
     program = Program()
