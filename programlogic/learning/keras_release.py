@@ -216,7 +216,12 @@ def _swap(new: Path, target: Path) -> None:
     if target.exists():
         old = target.with_name(f".old-{target.name}-{secrets.token_hex(4)}")
         os.rename(target, old)
-    os.rename(new, target)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        if old is not None:
+            os.rename(old, target)
+        raise
     fsync_directory(target.parent)
     if old is not None:
         shutil.rmtree(old)
