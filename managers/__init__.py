@@ -15,6 +15,7 @@ from managers.exceptions import (
     VersionNotFoundError,
 )
 from managers.release import (
+    BestModelReleaseManager,
     CSVFileReleaseManager,
     DelayedReleaseManager,
     FilteringReleaseManager,
@@ -40,6 +41,7 @@ from managers.values import ValueReference, materialize
 
 __all__ = [
     "AllVersionsDamagedError",
+    "BestModelReleaseManager",
     "CSVFileReleaseManager",
     "Clock",
     "DelayedReleaseManager",

@@ -70,6 +70,10 @@ class EvaluationManager(AsyncClosing):
       its deadline, start time + ``duration``, on ``clock``.
     - ``max_concurrent``: at most this many loops evaluate at once; the others wait
       their turn in the order they were started.
+    - ``evaluated_model_manager``: when given, receives each finished evaluation's model,
+      ``{"weights": the weights evaluated, "metrics": its final metrics}``, with key =
+      train round, right after its metrics (a
+      :class:`~managers.BestModelReleaseManager` keeps the best by a metric).
 
     Ownership: loops run in the current federated context's background work. Leaving
     the context, or closing this manager (``async with EvaluationManager(...)`` or
@@ -86,10 +90,10 @@ class EvaluationManager(AsyncClosing):
     time as int seconds), then the evaluation's initial state (the weights), then
     starts the loop. After each evaluation round the loop releases that round's
     metrics (key = evaluation round), then saves its state. At the end it releases the
-    aggregated metrics, deletes its state, then records the round as finished. On
-    resume, an in-flight evaluation whose state was never saved (or already deleted)
-    is dropped with a warning: ``train_model`` starts the evaluation of the round it
-    resumes from again, which covers both cases.
+    aggregated metrics (then the evaluated model), deletes its state, then records the
+    round as finished. On resume, an in-flight evaluation whose state was never saved
+    (or already deleted) is dropped with a warning: ``train_model`` starts the
+    evaluation of the round it resumes from again, which covers both cases.
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class EvaluationManager(AsyncClosing):
         clock: Clock | None = None,
         max_concurrent: int | None = None,
         seed: int = 0,
+        evaluated_model_manager: ReleaseManager | None = None,
     ) -> None:
         check_interface("data_source", data_source, "FederatedDataSource", ["iterator"])
         check_interface(
@@ -115,6 +120,13 @@ class EvaluationManager(AsyncClosing):
         check_interface("clock", clock, "Clock", ["now"], allow_none=True)
         check_int("max_concurrent", max_concurrent, minimum=1, allow_none=True)
         check_int("seed", seed, minimum=0)
+        check_interface(
+            "evaluated_model_manager",
+            evaluated_model_manager,
+            "ReleaseManager",
+            ["release"],
+            allow_none=True,
+        )
         data_source.iterator(0).select(cohort_size, 0)  # a ValueError if too large
         self._data_source = data_source
         self._aggregated = aggregated_metrics_manager
@@ -125,6 +137,7 @@ class EvaluationManager(AsyncClosing):
         self._clock = clock or SystemClock()
         self._max_concurrent = max_concurrent
         self._seed = seed
+        self._evaluated_models = evaluated_model_manager
         self._in_flight: dict[int, int] = {}
         self._finished: list[int] = []
         self._tasks: dict[int, TrackedTask] = {}
@@ -282,6 +295,10 @@ class EvaluationManager(AsyncClosing):
                 }
                 await state_manager.save(await materialize(checkpoint), evaluation_round)
             await self._aggregated.release(metrics, train_round)
+            if self._evaluated_models is not None:
+                weights = await as_async(process.get_model_weights)(state)
+                evaluated = {"weights": weights, "metrics": metrics}
+                await self._evaluated_models.release(evaluated, train_round)
             await state_manager.remove_all()
         async with self._guard():
             self._in_flight.pop(train_round, None)

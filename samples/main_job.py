@@ -9,7 +9,10 @@ data set is scikit-learn's bundled handwritten digits split by writer: 10 writer
 - ``state/``: the program state, a checkpoint per round (the newest 3 and the first);
 - ``metrics.csv`` and ``evaluation.csv``: training and held-out metrics per round;
 - ``tensorboard/``: the same for ``tensorboard --logdir runs/main_job/tensorboard``;
-- ``models/``: the final model weights; ``config.json``: the run's configuration.
+- ``models/``: the final model weights; ``config.json``: the run's configuration;
+- ``model/<round>/``: the final model as ``model.keras`` and a TensorFlow SavedModel
+  (``model/`` is TensorFlow Serving's model base path); ``best_model/<round>/`` the same
+  for each evaluated round that had the best held-out accuracy so far.
 
 Stop it at any moment (Ctrl-C, or kill it) and run the same command again: it resumes
 after the last saved round and ends with the model an uninterrupted run gives. A larger
@@ -41,6 +44,7 @@ import anyio
 
 import programlogic
 from managers import (
+    BestModelReleaseManager,
     CSVFileReleaseManager,
     FileProgramStateManager,
     GroupingReleaseManager,
@@ -65,6 +69,8 @@ CLIENT_LEARNING_RATES = {"softmax": 0.02, "mlp": 0.05, "cnn": 0.1}
 """The default client learning rate of each model: the tutorial's for its softmax regression."""
 ACCURACY = "sparse_categorical_accuracy"
 """The accuracy metric's name, as the processes report it."""
+HELD_OUT_ACCURACY = f"client_work/eval/total_rounds_metrics/{ACCURACY}"
+"""The metric the best model is chosen by."""
 
 
 class ProgressBar(ReleaseManager):
@@ -109,7 +115,13 @@ def load_data(arguments: argparse.Namespace) -> Any:
 
 async def run(arguments: argparse.Namespace) -> None:
     from programlogic.datasets import Preprocessing
-    from programlogic.learning import build_fed_eval, build_model, build_weighted_fed_avg, sgd
+    from programlogic.learning import (
+        KerasModelReleaseManager,
+        build_fed_eval,
+        build_model,
+        build_weighted_fed_avg,
+        sgd,
+    )
 
     root: Path = arguments.root
     data = await anyio.to_thread.run_sync(load_data, arguments)
@@ -152,6 +164,7 @@ async def run(arguments: argparse.Namespace) -> None:
     async with (
         context,
         FileProgramStateManager(root / "state", keep_total=3, keep_first=True) as state,
+        FileProgramStateManager(root / "best_model_state", keep_total=1) as best_so_far,
     ):
         versions = await state.get_versions()
         done = max(versions, default=0)
@@ -195,8 +208,14 @@ async def run(arguments: argparse.Namespace) -> None:
                 cohort_size=len(data.test.client_ids),
                 duration=datetime.timedelta(0),
                 seed=arguments.seed,
+                evaluated_model_manager=BestModelReleaseManager(
+                    KerasModelReleaseManager(root, model_fn, name="best_model"),
+                    HELD_OUT_ACCURACY,
+                    state_manager=best_so_far,
+                ),
             )
-            models = ModelFileReleaseManager(root / "models")
+            shipped = KerasModelReleaseManager(root, model_fn)
+            models = GroupingReleaseManager([ModelFileReleaseManager(root / "models"), shipped])
             result = await train_model(
                 train_process=process,
                 train_data_source=data.train,
@@ -220,6 +239,11 @@ async def run(arguments: argparse.Namespace) -> None:
         held_out,
         final_model_key(result.round_num),
         root / "models",
+    )
+    version = shipped.version_path(final_model_key(result.round_num))
+    logger.info("load the Keras model: keras.saving.load_model(%r)", str(version / "model.keras"))
+    logger.info(
+        "load the SavedModel: tf.saved_model.load(%r).signatures['serving_default']", str(version)
     )
     logger.info("plot the curves with: python samples/plot_metrics.py %s", root)
 
@@ -356,6 +380,7 @@ def main(argv: list[str] | None = None) -> None:
     except OtherRunError as error:
         sys.exit(f"main_job: {error}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # not each SavedModel's assets
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     try:

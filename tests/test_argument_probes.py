@@ -144,6 +144,20 @@ def probes() -> list[Probe]:
             ],
         ),
         (
+            "BestModelReleaseManager",
+            managers.BestModelReleaseManager,
+            lambda: {"manager": memory(), "metric": "eval/accuracy"},
+            [
+                ("manager", "memory", TypeError),
+                ("metric", "", ValueError),
+                ("metric", "eval//accuracy", ValueError),
+                ("metric", 3, TypeError),
+                ("mode", "best", ValueError),
+                ("mode", 1, TypeError),
+                ("state_manager", "state", TypeError),
+            ],
+        ),
+        (
             "PeriodicReleaseManager",
             managers.PeriodicReleaseManager,
             lambda: {"manager": memory(), "periodicity": MINUTE},
@@ -296,6 +310,7 @@ def probes() -> list[Probe]:
                 ("max_concurrent", 0, ValueError),
                 ("seed", -1, ValueError),
                 ("seed", "0", TypeError),
+                ("evaluated_model_manager", "models", TypeError),
             ],
         ),
         (
@@ -579,6 +594,23 @@ def probes() -> list[Probe]:
                 ("preprocess", 3, TypeError),
                 ("clients_per_group", 0, ValueError),
                 ("train_process", "fedavg", TypeError),
+            ],
+        ),
+        (
+            "KerasModelReleaseManager",
+            lambda **arguments: learning().KerasModelReleaseManager(**arguments),
+            lambda: {"root": "models", "model_fn": small_model},
+            [
+                ("root", 3, TypeError),
+                ("root", "", ValueError),
+                ("model_fn", "softmax", TypeError),
+                ("formats", "keras", TypeError),
+                ("formats", ("onnx",), ValueError),
+                ("formats", (), ValueError),
+                ("formats", ("keras", "keras"), ValueError),
+                ("name", 3, TypeError),
+                ("name", "a/b", ValueError),
+                ("name", "", ValueError),
             ],
         ),
     ]

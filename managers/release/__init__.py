@@ -1,6 +1,7 @@
 """Release managers: the abstract base, its sinks and its wrappers."""
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.release.best import BestModelReleaseManager
 from managers.release.csv_file import CSVFileReleaseManager
 from managers.release.delayed import DelayedReleaseManager
 from managers.release.filtering import FilteringReleaseManager
@@ -12,6 +13,7 @@ from managers.release.model_file import ModelFileReleaseManager
 from managers.release.periodic import PeriodicReleaseManager
 
 __all__ = [
+    "BestModelReleaseManager",
     "CSVFileReleaseManager",
     "DelayedReleaseManager",
     "FilteringReleaseManager",

@@ -8,6 +8,7 @@ from programlogic._deprecation import moved_names
 from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
+from programlogic.learning.keras_release import KerasModelReleaseManager
 from programlogic.learning.models import MODELS, build_model, cnn, mlp, softmax_regression
 from programlogic.learning.optimizers import (
     SGD,
@@ -31,6 +32,7 @@ __all__ = [
     "Adam",
     "FederatedEvaluation",
     "FunctionalModel",
+    "KerasModelReleaseManager",
     "ModelWeights",
     "Optimizer",
     "RMSprop",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import logging
 import re
 import sys
@@ -23,6 +24,7 @@ import orjson
 import pytest
 
 from managers import (
+    BestModelReleaseManager,
     CSVFileReleaseManager,
     DelayedReleaseManager,
     FilteringReleaseManager,
@@ -33,9 +35,13 @@ from managers import (
     MemoryReleaseManager,
     ModelFileReleaseManager,
     PeriodicReleaseManager,
+    ReleaseManager,
     TensorBoardReleaseManager,
 )
+from managers.release.base import ReleaseKey
+from managers.serialization import dumps, loads
 from managers.structure import flatten
+from managers.values import materialize
 from programlogic.testing import FakeClock
 from programlogic.testing.contracts import Capabilities, ReleaseManagerContract, ReleaseSubject
 
@@ -394,3 +400,124 @@ class TestModelFileReleaseManager(ReleaseManagerContract):
             Capabilities(normalize=_as_model_file_holds),
             reopen=lambda: ModelFileReleaseManager(root),
         )
+
+
+# Keras models: each released value is encoded as the weights of a small Keras model (its
+# codec bytes in the kernel of a dense layer), when the manager materializes it; the
+# weights are read back from the .keras files with Keras and from the SavedModels'
+# variables with TensorFlow's checkpoint reader, and must agree.
+
+_CODE_SIZE = 2048
+
+
+def _code_model() -> Any:
+    from programlogic.learning._tensorflow import keras
+
+    return keras.Sequential(
+        [keras.Input((_CODE_SIZE,)), keras.layers.Dense(1, use_bias=False, name="code")]
+    )
+
+
+class _AsWeights:
+    """A value reference: ``value``, materialized, as the weights of the code model."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    async def get_value(self) -> Any:
+        code = np.frombuffer(dumps(await materialize(self.value)), dtype=np.uint8)
+        assert code.size < _CODE_SIZE
+        kernel = np.zeros((_CODE_SIZE, 1), np.float32)
+        kernel[0, 0] = code.size
+        kernel[1 : code.size + 1, 0] = code
+        return {"trainable": [kernel], "non_trainable": []}
+
+
+def _decode(kernel: np.ndarray) -> Any:
+    size = int(kernel[0, 0])
+    return loads(kernel[1 : size + 1, 0].astype(np.uint8).tobytes())
+
+
+class _Encoding(ReleaseManager):
+    """Releases each value to ``manager`` as the weights of the code model."""
+
+    def __init__(self, manager: ReleaseManager) -> None:
+        self.manager = manager
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        await self.manager.release(_AsWeights(value), key)
+
+    async def aclose(self) -> None:
+        await self.manager.aclose()
+
+
+def _read_keras_models(base: Path) -> dict[Any, Any]:
+    import tensorflow as tf
+
+    from programlogic.learning._tensorflow import keras
+
+    held = {}
+    for version in sorted(base.iterdir()) if base.is_dir() else []:
+        assert version.name.isdigit(), f"{version} is left over"
+        kernel = keras.saving.load_model(version / "models.keras").get_weights()[0]
+        checkpoint = tf.train.load_checkpoint(str(version / "variables" / "variables"))
+        saved = checkpoint.get_tensor("variables/0/.ATTRIBUTES/VARIABLE_VALUE")
+        assert np.array_equal(saved, kernel)
+        held[int(version.name)] = _decode(kernel)
+    return held
+
+
+# Keras' .keras writer reads a TensorFlow variable with np.array(variable, copy=False),
+# which NumPy 2 warns about (TensorFlow's variables predate the copy keyword).
+_KERAS_SAVE_WARNS = pytest.mark.filterwarnings(
+    "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
+)
+
+
+@_KERAS_SAVE_WARNS
+class TestKerasModelReleaseManager(ReleaseManagerContract):
+    @pytest.fixture
+    def subject(self, tmp_path: Path) -> ReleaseSubject:
+        from programlogic.learning import KerasModelReleaseManager
+
+        def manager() -> ReleaseManager:
+            return _Encoding(KerasModelReleaseManager(tmp_path, _code_model, name="models"))
+
+        return ReleaseSubject(
+            manager(),
+            lambda: _read_keras_models(tmp_path / "models"),
+            Capabilities(str_keys=False, normalize=_as_model_file_holds),
+            reopen=manager,
+        )
+
+
+# The best model: each value is released as an evaluated model whose metric grows with
+# every call (across restarts too), so that each release is the best so far and passes.
+
+
+class _Improving(ReleaseManager):
+    """Releases each value to ``manager`` as the weights of an ever better evaluated model."""
+
+    def __init__(self, manager: ReleaseManager, scores: Iterator[int]) -> None:
+        self.manager = manager
+        self.scores = scores
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        metrics = {"score": next(self.scores)}
+        await self.manager.release({"weights": value, "metrics": metrics}, key)
+
+    async def aclose(self) -> None:
+        await self.manager.aclose()
+
+
+class TestBestModelReleaseManager(ReleaseManagerContract):
+    @pytest.fixture
+    def subject(self) -> ReleaseSubject:
+        memory, saved = MemoryReleaseManager(), MemoryProgramStateManager(keep_total=1)
+        scores = itertools.count()
+
+        def best() -> ReleaseManager:
+            manager = BestModelReleaseManager(memory, "score", state_manager=saved)
+            return _Improving(manager, scores)
+
+        return ReleaseSubject(best(), memory.values, reopen=best)

@@ -226,6 +226,33 @@ async def test_a_crash_releasing_a_round_then_resume_repeats_that_round_only() -
     assert program.aggregated.values() == reference.aggregated.values()
 
 
+async def test_each_finished_evaluation_releases_the_weights_it_evaluated_and_metrics() -> None:
+    class Evaluating(FakeLearningProcess):
+        """Evaluates without changing the weights, as an evaluation process does."""
+
+        async def next(self, state, clients):
+            output = await super().next(state, clients)
+            kept = {**output.state, "weights": state["weights"]}
+            return LearningProcessOutput(kept, output.metrics)
+
+    models = MemoryReleaseManager()
+    program = Program(
+        evaluated_model_manager=models,
+        create_process_fn=lambda name: (Evaluating(), MemoryReleaseManager()),
+        duration=datetime.timedelta(0),
+    )
+    program.store.crash_at("evaluation_of_round_4", 1, after_save=True)  # evaluated, saved
+    with pytest.raises(SimulatedCrash):
+        await run_to_completion(program, [2, 4])
+    assert 4 not in models.values()  # released on resume, from the saved state
+    await run_to_completion(program, [2, 4])
+    held = models.values()
+    assert sorted(held) == [2, 4]
+    for train_round in (2, 4):
+        assert held[train_round]["metrics"] == program.aggregated.values()[train_round]
+        assert held[train_round]["weights"].tolist() == [train_round, train_round]
+
+
 async def test_a_resumed_evaluation_samples_what_it_would_have_sampled() -> None:
     reference = await reference_run([2])
     program = Program()

@@ -48,6 +48,65 @@ async def final_model(root: pathlib.Path, rounds: int) -> list[np.ndarray]:
     return [*weights["trainable"], *weights["non_trainable"]]
 
 
+LOAD_AS_PRINTED = """
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+model = eval(sys.argv[1])
+np.save(sys.argv[3], np.concatenate([weights.ravel() for weights in model.get_weights()]))
+serving = eval(sys.argv[2])
+print(sorted(serving.structured_outputs))
+"""
+
+
+async def check_shipped_models(root: pathlib.Path, stderr: str, weights: list[np.ndarray]) -> None:
+    """The final model loads with the lines the job printed, in a fresh process; the best
+    held-out round's model is among the best models."""
+    printed = {}
+    for line in stderr.splitlines():
+        for what in ("Keras model", "SavedModel"):
+            if f"load the {what}: " in line:
+                printed[what] = line.split(f"load the {what}: ", 1)[1]
+    assert printed == {
+        "Keras model": f"keras.saving.load_model({str(root / 'model' / '4' / 'model.keras')!r})",
+        "SavedModel": (
+            f"tf.saved_model.load({str(root / 'model' / '4')!r}).signatures['serving_default']"
+        ),
+    }
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOAD_AS_PRINTED,
+            printed["Keras model"],
+            printed["SavedModel"],
+            str(root / "loaded.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "['output_0']"
+    expected = np.concatenate([array.ravel() for array in weights])
+    assert np.array_equal(np.load(root / "loaded.npy"), expected)
+
+    with (root / "evaluation.csv").open(newline="") as file:
+        accuracy = {
+            int(row["key"]): float(
+                row["client_work/eval/total_rounds_metrics/sparse_categorical_accuracy"]
+            )
+            for row in csv.DictReader(file)
+        }
+    best = {key for key, value in accuracy.items() if value == max(accuracy.values())}
+    bests = {int(version.name) for version in (root / "best_model").iterdir()}
+    assert best & bests and bests <= set(accuracy)
+    assert all((root / "best_model" / str(key) / "best_model.keras").is_file() for key in bests)
+
+
 async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp_path):
     whole, pieces = tmp_path / "whole", tmp_path / "pieces"
     done = main_job("--rounds", 4, "--eval-every", 2, "--root", whole)
@@ -56,6 +115,7 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
     assert sorted(keys(whole / "evaluation.csv")) == [0, 2, 4]  # evaluations end in any order
     assert list((whole / "tensorboard").glob("events.out.tfevents.*"))
     assert "held-out accuracy 0." in done.stderr
+    await check_shipped_models(whole, done.stderr, await final_model(whole, 4))
 
     first = main_job("--rounds", 2, "--eval-every", 2, "--root", pieces)
     assert first.returncode == 0, first.stderr
