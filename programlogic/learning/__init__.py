@@ -1,4 +1,5 @@
-"""Built-in learning processes on Keras and TensorFlow: federated averaging and evaluation.
+"""Built-in learning processes on Keras and TensorFlow: federated averaging (weighted,
+unweighted, FedProx), federated SGD and evaluation.
 
 Needs TensorFlow >= 2.16 with Keras 3 (``pip install 'programlogic[learning]'``).
 Client work runs through the current federated context in compiled, vectorized groups.
@@ -7,6 +8,13 @@ Client work runs through the current federated context in compiled, vectorized g
 from programlogic._deprecation import moved_names
 from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
+from programlogic.learning.fed_prox import (
+    FedProx,
+    build_unweighted_fed_avg,
+    build_unweighted_fed_prox,
+    build_weighted_fed_prox,
+)
+from programlogic.learning.fed_sgd import FedSGD, build_fed_sgd
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.keras_release import KerasModelReleaseManager
 from programlogic.learning.models import MODELS, build_model, cnn, mlp, softmax_regression
@@ -30,6 +38,8 @@ __all__ = [
     "SGD",
     "Adagrad",
     "Adam",
+    "FedProx",
+    "FedSGD",
     "FederatedEvaluation",
     "FunctionalModel",
     "KerasModelReleaseManager",
@@ -42,8 +52,12 @@ __all__ = [
     "adam",
     "as_optimizer",
     "build_fed_eval",
+    "build_fed_sgd",
     "build_model",
+    "build_unweighted_fed_avg",
+    "build_unweighted_fed_prox",
     "build_weighted_fed_avg",
+    "build_weighted_fed_prox",
     "cnn",
     "mlp",
     "rmsprop",

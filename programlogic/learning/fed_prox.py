@@ -1,0 +1,304 @@
+"""FedProx and unweighted FedAvg: FedAvg with a proximal client term and client weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from managers.validation import check_choice, check_int, check_number, check_type
+from programlogic.datasets.preprocessing import Preprocessing
+from programlogic.learning._grouped import check_clients_per_group, functional_model
+from programlogic.learning._tensorflow import tf
+from programlogic.learning.fed_avg import WeightedFedAvg
+from programlogic.learning.keras_model import ClientGroup, FunctionalModel
+from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
+
+__all__ = [
+    "CLIENT_WEIGHTINGS",
+    "FedProx",
+    "build_unweighted_fed_avg",
+    "build_unweighted_fed_prox",
+    "build_weighted_fed_prox",
+]
+
+CLIENT_WEIGHTINGS = ("num_examples", "uniform")
+"""How client deltas are weighted in the mean: TFF's ``ClientWeighting.NUM_EXAMPLES`` and
+``ClientWeighting.UNIFORM``."""
+
+
+class FedProx(WeightedFedAvg):
+    """FedAvg whose clients are pulled towards the server model (Li et al., "FedProx", 2020).
+
+    Each client step adds ``proximal_strength * (w - w_server)`` to the gradient of the
+    batch loss, the gradient of ``proximal_strength / 2 * ||w - w_server||^2`` over the
+    trainable weights, as TensorFlow Federated 0.87 does; the reported loss is the batch
+    loss alone. Client deltas are averaged weighted by the examples each client trained
+    on (``client_weighting="num_examples"``) or with equal weights (``"uniform"``: a
+    client with no examples weighs nothing, a client whose delta is not finite neither).
+    With ``proximal_strength=0`` this is FedAvg: :func:`build_unweighted_fed_avg`.
+
+    Everything else (state, metrics, determinism, resuming) is :class:`WeightedFedAvg`'s.
+    Build it with :func:`build_weighted_fed_prox`, :func:`build_unweighted_fed_prox` or
+    :func:`build_unweighted_fed_avg`.
+    """
+
+    def __init__(
+        self,
+        model: FunctionalModel,
+        client_optimizer: Optimizer,
+        server_optimizer: Optimizer,
+        preprocess: Preprocessing,
+        seed: int,
+        clients_per_group: int | None,
+        *,
+        proximal_strength: float,
+        client_weighting: str,
+    ) -> None:
+        self.proximal_strength = proximal_strength
+        self.client_weighting = client_weighting
+        super().__init__(
+            model, client_optimizer, server_optimizer, preprocess, seed, clients_per_group
+        )
+
+    def describe_configuration(self) -> dict[str, Any]:
+        """FedAvg's configuration plus ``proximal_strength`` and ``client_weighting``."""
+        return {
+            **super().describe_configuration(),
+            "proximal_strength": self.proximal_strength,
+            "client_weighting": self.client_weighting,
+        }
+
+    def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _prox_group_graph, (
+            self.client_optimizer,
+            self.proximal_strength,
+            self.client_weighting,
+        )
+
+
+def _prox_group_graph(
+    model: FunctionalModel,
+    optimizer: Optimizer,
+    proximal_strength: float,
+    client_weighting: str,
+    trainable: list[Any],
+    non_trainable: list[Any],
+    group: ClientGroup,
+) -> tuple[list[Any], Any, Any, dict[str, Any]]:
+    """A group's weighted delta sum, its weight, and each client's finiteness and sums."""
+
+    def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
+        x, y, batch_indices, mask = data
+        start = list(trainable)
+
+        def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            weights, others, optimizer_state, sums = carry
+            with tf.GradientTape() as tape:
+                tape.watch(weights)
+                loss, new_others, batch_sums = model.batch(
+                    weights, others, x, y, batch_indices[index], mask[index], training=True
+                )
+            gradients = [
+                tf.zeros_like(w) if g is None else g
+                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
+            ]
+            if proximal_strength > 0:
+                gradients = [
+                    g + proximal_strength * (w - w0)
+                    for g, w, w0 in zip(gradients, weights, start, strict=True)
+                ]
+            new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
+            has_data = batch_sums["num_examples"] > 0
+            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
+
+            def keep_if_empty(new: Any, old: Any) -> Any:
+                return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
+
+            return (
+                tf.nest.map_structure(keep_if_empty, new_weights, weights),
+                tf.nest.map_structure(keep_if_empty, new_others, others),
+                tf.nest.map_structure(keep_if_empty, new_state, optimizer_state),
+                {name: sums[name] + batch_sums[name] for name in sums},
+            )
+
+        initial_sums = {
+            name: tf.constant(0.0)
+            for name in ("loss_sum", "num_examples", *model.metrics, "num_batches")
+        }
+        carry = (
+            start,
+            list(non_trainable),
+            tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
+            initial_sums,
+        )
+        num_batches = tf.shape(mask)[0]
+        _, (trained, _, _, sums) = tf.while_loop(
+            lambda i, _: i < num_batches,
+            lambda i, c: (i + 1, step(i, c)),
+            (tf.constant(0), carry),
+        )
+        delta = [before - after for before, after in zip(start, trained, strict=True)]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
+        return delta, finite, sums
+
+    deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
+    delta_sum, weight = _weighted_delta_sum(deltas, finite, sums["num_examples"], client_weighting)
+    return delta_sum, weight, finite, sums
+
+
+def _weighted_delta_sum(
+    deltas: Sequence[Any], finite: Any, num_examples: Any, client_weighting: str
+) -> tuple[list[Any], Any]:
+    """The float64 sum of the group's ``deltas`` (stacked by client) with each client's
+    weight, and the summed weight.
+
+    A client's weight is its ``num_examples`` or, ``"uniform"``, 1 if it has any; 0 if its
+    delta is not finite (whose zeroed delta then adds no NaN). Padding clients have no
+    examples and weigh nothing either way.
+    """
+    examples = tf.cast(num_examples, tf.float64)
+    if client_weighting == "uniform":
+        examples = tf.where(examples > 0, tf.ones_like(examples), tf.zeros_like(examples))
+    weight = tf.where(finite, examples, tf.zeros_like(examples))
+    delta_sum = []
+    for delta in deltas:
+        column = [-1] + [1] * (len(delta.shape) - 1)
+        kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
+        delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
+    return delta_sum, tf.reduce_sum(weight)
+
+
+def _check_strength(proximal_strength: object) -> float:
+    check_number("proximal_strength", proximal_strength, minimum=0, finite=True)
+    return float(proximal_strength)  # type: ignore[arg-type]
+
+
+def _build(
+    model_fn: Callable[[], Any],
+    client_optimizer: Optimizer | Any,
+    server_optimizer: Optimizer | Any,
+    *,
+    proximal_strength: float,
+    client_weighting: str,
+    loss: Any,
+    metrics: Sequence[str],
+    preprocess: Preprocessing | None,
+    seed: int,
+    clients_per_group: int | None,
+) -> FedProx:
+    client_optimizer = as_optimizer(
+        sgd(0.02) if client_optimizer is None else client_optimizer, "client_optimizer"
+    )
+    server_optimizer = as_optimizer(
+        sgd(1.0) if server_optimizer is None else server_optimizer, "server_optimizer"
+    )
+    client_weighting = check_choice("client_weighting", client_weighting, CLIENT_WEIGHTINGS)
+    if preprocess is None:
+        preprocess = Preprocessing()
+    check_type("preprocess", preprocess, Preprocessing)
+    check_int("seed", seed, minimum=0)
+    check_clients_per_group(clients_per_group)
+    model = functional_model(model_fn, loss, metrics)
+    return FedProx(
+        model,
+        client_optimizer,
+        server_optimizer,
+        preprocess,
+        seed,
+        clients_per_group,
+        proximal_strength=proximal_strength,
+        client_weighting=client_weighting,
+    )
+
+
+def build_weighted_fed_prox(
+    model_fn: Callable[[], Any],
+    proximal_strength: float,
+    client_optimizer: Optimizer | Any = None,
+    server_optimizer: Optimizer | Any = None,
+    *,
+    client_weighting: str = "num_examples",
+    loss: Any = None,
+    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    preprocess: Preprocessing | None = None,
+    seed: int = 0,
+    clients_per_group: int | None = None,
+) -> FedProx:
+    """A :class:`FedProx` process, TFF's ``build_weighted_fed_prox``.
+
+    ``proximal_strength`` (a number >= 0, TFF's argument of that name) weighs the
+    proximal term ``proximal_strength / 2 * ||w - w_server||^2`` of every client step;
+    ``client_weighting`` is ``"num_examples"`` (default) or ``"uniform"``. The other
+    arguments and defaults are :func:`~programlogic.learning.build_weighted_fed_avg`'s
+    (client ``sgd(0.02)``, server ``sgd(1.0)``, as TFF's server default).
+    """
+    return _build(
+        model_fn,
+        client_optimizer,
+        server_optimizer,
+        proximal_strength=_check_strength(proximal_strength),
+        client_weighting=client_weighting,
+        loss=loss,
+        metrics=metrics,
+        preprocess=preprocess,
+        seed=seed,
+        clients_per_group=clients_per_group,
+    )
+
+
+def build_unweighted_fed_prox(
+    model_fn: Callable[[], Any],
+    proximal_strength: float,
+    client_optimizer: Optimizer | Any = None,
+    server_optimizer: Optimizer | Any = None,
+    *,
+    loss: Any = None,
+    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    preprocess: Preprocessing | None = None,
+    seed: int = 0,
+    clients_per_group: int | None = None,
+) -> FedProx:
+    """A :class:`FedProx` process averaging the clients with equal weights, TFF's
+    ``build_unweighted_fed_prox``: :func:`build_weighted_fed_prox` with
+    ``client_weighting="uniform"``."""
+    return _build(
+        model_fn,
+        client_optimizer,
+        server_optimizer,
+        proximal_strength=_check_strength(proximal_strength),
+        client_weighting="uniform",
+        loss=loss,
+        metrics=metrics,
+        preprocess=preprocess,
+        seed=seed,
+        clients_per_group=clients_per_group,
+    )
+
+
+def build_unweighted_fed_avg(
+    model_fn: Callable[[], Any],
+    client_optimizer: Optimizer | Any = None,
+    server_optimizer: Optimizer | Any = None,
+    *,
+    loss: Any = None,
+    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    preprocess: Preprocessing | None = None,
+    seed: int = 0,
+    clients_per_group: int | None = None,
+) -> FedProx:
+    """FedAvg averaging the client deltas with equal weights, TFF's
+    ``build_unweighted_fed_avg``: a :class:`FedProx` with ``proximal_strength=0`` and
+    ``client_weighting="uniform"``; arguments as
+    :func:`~programlogic.learning.build_weighted_fed_avg`'s."""
+    return _build(
+        model_fn,
+        client_optimizer,
+        server_optimizer,
+        proximal_strength=0.0,
+        client_weighting="uniform",
+        loss=loss,
+        metrics=metrics,
+        preprocess=preprocess,
+        seed=seed,
+        clients_per_group=clients_per_group,
+    )
