@@ -587,6 +587,51 @@ def probes() -> list[Probe]:
             ],
         ),
         (
+            "build_weighted_fed_prox",
+            lambda **arguments: learning().build_weighted_fed_prox(small_model, **arguments),
+            lambda: {"proximal_strength": 0.1},
+            [
+                ("proximal_strength", -1.0, ValueError),
+                ("proximal_strength", "0.1", TypeError),
+                ("client_weighting", "examples", ValueError),
+                ("client_weighting", 1, TypeError),
+                ("client_optimizer", "sgd", TypeError),
+                ("seed", -1, ValueError),
+                ("clients_per_group", 0, ValueError),
+            ],
+        ),
+        (
+            "build_unweighted_fed_prox",
+            lambda **arguments: learning().build_unweighted_fed_prox(small_model, **arguments),
+            lambda: {"proximal_strength": 0.1},
+            [
+                ("proximal_strength", float("nan"), ValueError),
+                ("server_optimizer", 1.0, TypeError),
+                ("preprocess", "batches", TypeError),
+            ],
+        ),
+        (
+            "build_unweighted_fed_avg",
+            lambda **arguments: learning().build_unweighted_fed_avg(small_model, **arguments),
+            dict,
+            [
+                ("client_optimizer", "sgd", TypeError),
+                ("seed", "0", TypeError),
+                ("clients_per_group", 1.5, TypeError),
+            ],
+        ),
+        (
+            "build_fed_sgd",
+            lambda **arguments: learning().build_fed_sgd(small_model, **arguments),
+            dict,
+            [
+                ("server_optimizer", "sgd", TypeError),
+                ("preprocess", 3, TypeError),
+                ("seed", -1, ValueError),
+                ("clients_per_group", 0, ValueError),
+            ],
+        ),
+        (
             "build_fed_eval",
             lambda **arguments: learning().build_fed_eval(small_model, **arguments),
             dict,

@@ -178,3 +178,65 @@ async def test_the_suite_fails_a_state_whose_structure_drifts() -> None:
             await suite.test_next_keeps_the_structure_of_the_initial_state(
                 Growing(), clients, context
             )
+
+
+@functools.cache
+def fed_prox(proximal_strength=0.5):
+    from programlogic.learning import build_unweighted_fed_prox, softmax_regression
+
+    return build_unweighted_fed_prox(
+        functools.partial(softmax_regression, (FEATURES,), CLASSES),
+        proximal_strength,
+        preprocess=Preprocessing(epochs=2, batch_size=4, shuffle_buffer=8),
+        seed=5,
+    )
+
+
+class TestFedProx(LearningProcessContract):
+    @pytest.fixture
+    def process(self):
+        return fed_prox()
+
+    @pytest.fixture
+    def make_process(self):
+        return fed_prox.__wrapped__
+
+    @pytest.fixture
+    def other_process(self):
+        return fed_prox.__wrapped__(0.1)
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return tiny_clients()
+
+
+@functools.cache
+def fed_sgd(server_optimizer=None):
+    from programlogic.learning import build_fed_sgd, softmax_regression
+
+    return build_fed_sgd(
+        functools.partial(softmax_regression, (FEATURES,), CLASSES),
+        server_optimizer,
+        preprocess=Preprocessing(epochs=1, batch_size=4, shuffle_buffer=8),
+        seed=5,
+    )
+
+
+class TestFedSGD(LearningProcessContract):
+    @pytest.fixture
+    def process(self):
+        return fed_sgd()
+
+    @pytest.fixture
+    def make_process(self):
+        return fed_sgd.__wrapped__
+
+    @pytest.fixture
+    def other_process(self):
+        from programlogic.learning import sgd
+
+        return fed_sgd.__wrapped__(sgd(0.5))
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return tiny_clients()
