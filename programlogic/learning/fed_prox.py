@@ -102,7 +102,7 @@ def _prox_group_graph(
                 tf.zeros_like(w) if g is None else g
                 for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
             ]
-            if proximal_strength > 0:
+            if proximal_strength != 0:
                 gradients = [
                     g + proximal_strength * (w - w0)
                     for g, w, w0 in zip(gradients, weights, start, strict=True)
