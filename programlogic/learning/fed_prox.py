@@ -30,9 +30,11 @@ class FedProx(WeightedFedAvg):
     """FedAvg whose clients are pulled towards the server model (Li et al., "FedProx", 2020).
 
     Each client step adds ``proximal_strength * (w - w_server)`` to the gradient of the
-    batch loss, the gradient of ``proximal_strength / 2 * ||w - w_server||^2`` over the
-    trainable weights, as TensorFlow Federated 0.87 does; the reported loss is the batch
-    loss alone. Client deltas are averaged weighted by the examples each client trained
+    batch loss: the gradient of ``proximal_strength / 2 * ||w - w_server||^2`` over the
+    trainable weights, which pulls the client towards the server model. The reported
+    loss is the batch loss alone, as in TensorFlow Federated. TFF 0.87's FedProx adds
+    ``proximal_strength * (w_server - w)`` instead, the opposite sign: its numbers are
+    this class's with the strength negated (which the builders refuse). Client deltas are averaged weighted by the examples each client trained
     on (``client_weighting="num_examples"``) or with equal weights (``"uniform"``: a
     client with no examples weighs nothing, a client whose delta is not finite neither).
     With ``proximal_strength=0`` this is FedAvg: :func:`build_unweighted_fed_avg`.
