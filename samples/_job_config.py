@@ -34,10 +34,15 @@ RUN_DEFINING = (
     "epochs",
     "batch_size",
     "client_lr",
+    "algorithm",
     "server_lr",
+    "proximal_strength",
     "seed",
 )
 """The flags a rerun must repeat to resume; the others may change between runs."""
+
+_RECORDED_LATER = {"algorithm": "fedavg", "proximal_strength": None}
+"""Defining flags added after runs were recorded without them: what those runs used."""
 
 _FILE_NAME = "config.json"
 
@@ -78,10 +83,14 @@ def check_config(root: Path, config: dict[str, Any]) -> None:
     before = _read(root / _FILE_NAME)
     if before is None:
         return
+
+    def recorded(name: str) -> Any:
+        return before.get(name, _RECORDED_LATER.get(name))
+
     differing = [
-        f"--{name.replace('_', '-')} {before.get(name)!r} -> {config[name]!r}"
+        f"--{name.replace('_', '-')} {recorded(name)!r} -> {config[name]!r}"
         for name in RUN_DEFINING
-        if before.get(name) != config[name]
+        if recorded(name) != config[name]
     ]
     if differing:
         raise OtherRunError(

@@ -1,4 +1,4 @@
-"""The main job: federated averaging on real data, on the embedded local context.
+"""The main job: federated averaging (or FedProx, FedAvgM, FedAdam, FedYogi) on real data.
 
 The TensorFlow Federated EMNIST tutorial, done with programlogic: each round 10 clients
 train the tutorial's softmax regression for 5 epochs of batches of 5 with SGD 0.02, and
@@ -19,6 +19,8 @@ after the last saved round and ends with the model an uninterrupted run gives. A
 ``--rounds`` continues a finished run. ``samples/plot_metrics.py`` draws the curves.
 
     python samples/main_job.py [--rounds 50] [--dataset digits] [--model softmax] ...
+
+``--algorithm fedprox|fedavgm|fedadam|fedyogi``: see ``samples/_job_algorithms.py``.
 
 ``--context ray`` runs the client work on Ray actors: a local Ray cluster, or the
 cluster ``--ray-address HOST:PORT`` names (see the README's "Scale out on Ray").
@@ -54,6 +56,7 @@ from managers import (
     TensorBoardReleaseManager,
 )
 from programlogic import EvaluationManager, LocalContext, Sampling, final_model_key, train_model
+from samples._job_algorithms import ALGORITHMS, build_process, resolve_algorithm_flags
 from samples._job_config import (
     DamagedConfigError,
     OtherRunError,
@@ -114,14 +117,7 @@ def load_data(arguments: argparse.Namespace) -> Any:
 
 
 async def run(arguments: argparse.Namespace) -> None:
-    from programlogic.datasets import Preprocessing
-    from programlogic.learning import (
-        KerasModelReleaseManager,
-        build_fed_eval,
-        build_model,
-        build_weighted_fed_avg,
-        sgd,
-    )
+    from programlogic.learning import KerasModelReleaseManager, build_fed_eval, build_model
 
     root: Path = arguments.root
     data = await anyio.to_thread.run_sync(load_data, arguments)
@@ -133,17 +129,7 @@ async def run(arguments: argparse.Namespace) -> None:
         )
     await anyio.to_thread.run_sync(record_config, root, run_config(arguments))
     model_fn = functools.partial(build_model, arguments.model, data.feature_shape, data.num_classes)
-    process = build_weighted_fed_avg(
-        model_fn,
-        sgd(arguments.client_lr),
-        sgd(arguments.server_lr),
-        preprocess=Preprocessing(
-            epochs=arguments.epochs,
-            batch_size=arguments.batch_size,
-            shuffle_buffer=100,
-        ),
-        seed=arguments.seed,
-    )
+    process = build_process(arguments, model_fn)
     evaluation = build_fed_eval(model_fn)
     state_managers: dict[str, FileProgramStateManager] = {}
 
@@ -324,7 +310,22 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         type=_rate,
         help="client SGD learning rate (default: 0.02 for softmax, 0.05 for mlp, 0.1 for cnn)",
     )
-    parser.add_argument("--server-lr", type=_rate, default=1.0, help="server SGD learning rate")
+    parser.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="fedavg",
+        help="fedprox: proximal client term; fedavgm: server momentum 0.9; fedadam, fedyogi: "
+        "adaptive server (see samples/_job_algorithms.py)",
+    )
+    parser.add_argument(
+        "--server-lr",
+        type=_rate,
+        help="server learning rate (default: 1.0 for fedavg and fedprox, 0.2 for fedavgm, "
+        "0.01 for fedadam and fedyogi)",
+    )
+    parser.add_argument(
+        "--proximal-strength", type=_rate, help="with --algorithm fedprox: mu (default: 0.01)"
+    )
     parser.add_argument(
         "--eval-every",
         type=_whole(1),
@@ -359,6 +360,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     arguments = parser.parse_args(argv)
     if arguments.client_lr is None:
         arguments.client_lr = CLIENT_LEARNING_RATES[arguments.model]
+    resolve_algorithm_flags(arguments, parser.error)
     if arguments.dataset == "emnist" and arguments.emnist_train is None:
         parser.error("--dataset emnist needs --emnist-train FILE.h5")
     if arguments.ray_address is not None and arguments.context != "ray":

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from samples._job_config import write_config
+from samples._job_config import RUN_DEFINING, OtherRunError, check_config, write_config
 
 pytestmark = pytest.mark.anyio
 
@@ -70,3 +70,13 @@ async def test_a_crash_before_the_rename_leaves_the_old_config_whole(tmp_path, m
     write_config(path, {"model": "mlp"})
     assert json.loads(path.read_bytes()) == {"model": "mlp"}
     assert sorted(tmp_path.iterdir()) == [path]
+
+
+async def test_a_run_recorded_before_the_algorithm_flag_resumes_as_fedavg(tmp_path):
+    config = {name: None for name in RUN_DEFINING} | {"model": "softmax", "server_lr": 1.0}
+    recorded = {name: value for name, value in config.items() if name != "algorithm"}
+    del recorded["proximal_strength"]  # written before these flags existed
+    write_config(tmp_path / "config.json", recorded)
+    check_config(tmp_path, {**config, "algorithm": "fedavg"})  # read as FedAvg's
+    with pytest.raises(OtherRunError, match="--algorithm 'fedavg' -> 'fedprox'"):
+        check_config(tmp_path, {**config, "algorithm": "fedprox", "proximal_strength": 0.01})

@@ -5,6 +5,7 @@ run under asyncio only.
 """
 
 import csv
+import json
 import pathlib
 import signal
 import subprocess
@@ -161,6 +162,9 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
         (["--context", "spark"], "argument --context: invalid choice: 'spark'"),
         (["--ray-address", "10.0.0.1:6379"], "--ray-address goes with --context ray"),
         (["--context", "ray", "--ray-address", " "], "--ray-address must not be empty"),
+        (["--algorithm", "fedsgd"], "argument --algorithm: invalid choice: 'fedsgd'"),
+        (["--proximal-strength", "0.1"], "--proximal-strength goes with --algorithm fedprox"),
+        (["--algorithm", "fedprox", "--proximal-strength", "0"], "must be above 0, got 0"),
     ],
 )
 async def test_bad_flags_get_a_one_line_error(tmp_path, arguments, message):
@@ -221,3 +225,65 @@ async def test_ctrl_c_stops_the_run_with_a_loadable_checkpoint_and_a_rerun_resum
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming after round {stopped_at}" in resumed.stderr
     assert keys(root / "metrics.csv")[-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+ALGORITHM_PROCESSES = {
+    # flags -> (process class, server optimizer, proximal strength)
+    ("--algorithm", "fedavg"): ("WeightedFedAvg", {"class": "SGD", "learning_rate": 1.0}, None),
+    ("--algorithm", "fedprox"): ("FedProx", {"class": "SGD", "learning_rate": 1.0}, 0.01),
+    ("--algorithm", "fedprox", "--proximal-strength", "0.5", "--server-lr", "0.7"): (
+        "FedProx",
+        {"class": "SGD", "learning_rate": 0.7},
+        0.5,
+    ),
+    ("--algorithm", "fedavgm"): (
+        "WeightedFedAvg",
+        {"class": "SGD", "learning_rate": 0.2, "momentum": 0.9},
+        None,
+    ),
+    ("--algorithm", "fedadam"): ("WeightedFedAvg", {"class": "Adam", "learning_rate": 0.01}, None),
+    ("--algorithm", "fedyogi", "--server-lr", "0.03"): (
+        "WeightedFedAvg",
+        {"class": "Yogi", "learning_rate": 0.03},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("flags", list(ALGORITHM_PROCESSES))
+async def test_each_algorithm_flag_builds_its_process(flags, tmp_path):
+    from programlogic.learning import build_model
+    from samples._job_algorithms import build_process
+    from samples.main_job import parse_arguments
+
+    arguments = parse_arguments([*flags, "--root", str(tmp_path)])
+    process = build_process(arguments, lambda: build_model("softmax", (8, 8), 10))
+    kind, server, strength = ALGORITHM_PROCESSES[flags]
+    config = process.describe_configuration()
+    assert type(process).__name__ == kind
+    assert {name: config["server_optimizer"][name] for name in server} == server
+    assert config["client_optimizer"] == {"class": "SGD", "learning_rate": 0.02, "momentum": 0.0}
+    assert config.get("proximal_strength") == strength
+    if server["class"] in ("Adam", "Yogi"):
+        assert config["server_optimizer"]["epsilon"] == 1e-3
+
+
+async def test_a_fedprox_run_records_its_algorithm_and_refuses_a_rerun_with_another(tmp_path):
+    root = tmp_path / "run"
+    done = main_job("--algorithm", "fedprox", "--rounds", 2, "--eval-every", 2, "--root", root)
+    assert done.returncode == 0, done.stderr
+    assert keys(root / "metrics.csv") == [1, 2]
+    config = json.loads((root / "config.json").read_text())
+    assert (config["algorithm"], config["proximal_strength"], config["server_lr"]) == (
+        "fedprox",
+        0.01,
+        1.0,
+    )
+    other = main_job("--algorithm", "fedadam", "--rounds", 3, "--root", root)
+    assert other.returncode == 1
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"main_job: {root} holds a run configured otherwise (--algorithm 'fedprox' -> "
+        "'fedadam'; --server-lr 1.0 -> 0.01; --proximal-strength 0.01 -> None): "
+        "repeat its flags to resume, or pick another --root"
+    )
+    assert keys(root / "metrics.csv") == [1, 2]
