@@ -46,3 +46,18 @@ async def test_every_public_name_has_a_row(heading: str, module: object) -> None
     section = text.split(heading, 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
     missing = public_names(module) - first_column_names(section)
     assert not missing, f"{heading} lacks rows for {sorted(missing)}"
+
+
+async def test_the_algorithms_we_have_natively_have_rows() -> None:
+    text = GUIDE.read_text()
+    section = text.split("### `tff.learning.algorithms`", 1)[1].split("\n## ", 1)[0]
+    builders = {
+        "build_weighted_fed_avg",
+        "build_unweighted_fed_avg",
+        "build_weighted_fed_prox",
+        "build_unweighted_fed_prox",
+        "build_fed_sgd",
+        "build_fed_eval",
+    }
+    assert builders <= public_names(tff.learning.algorithms)
+    assert builders <= first_column_names(section)

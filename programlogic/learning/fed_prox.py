@@ -34,9 +34,11 @@ class FedProx(WeightedFedAvg):
     trainable weights, which pulls the client towards the server model. The reported
     loss is the batch loss alone, as in TensorFlow Federated. TFF 0.87's FedProx adds
     ``proximal_strength * (w_server - w)`` instead, the opposite sign: its numbers are
-    this class's with the strength negated (which the builders refuse). Client deltas are averaged weighted by the examples each client trained
-    on (``client_weighting="num_examples"``) or with equal weights (``"uniform"``: a
-    client with no examples weighs nothing, a client whose delta is not finite neither).
+    this class's with the strength negated (which the builders refuse).
+
+    Client deltas are averaged weighted by the examples each client trained on
+    (``client_weighting="num_examples"``) or with equal weights (``"uniform"``: a client
+    with no examples weighs nothing, a client whose delta is not finite neither).
     With ``proximal_strength=0`` this is FedAvg: :func:`build_unweighted_fed_avg`.
 
     Everything else (state, metrics, determinism, resuming) is :class:`WeightedFedAvg`'s.
