@@ -9,7 +9,9 @@
   0.2 by default: with momentum 0.9 a steady step is 10 times the learning rate, so
   about twice FedAvg's;
 - ``fedadam`` and ``fedyogi``: FedAvg with a server Adam or Yogi (Reddi et al. 2020),
-  learning rate 0.01 and epsilon (their adaptivity tau) 1e-3 by default.
+  learning rate 0.1 and epsilon (their adaptivity tau) 1e-3 by default (on the digits,
+  15 rounds: final training loss 0.19 and 0.20 with 0.1; 0.68 and 0.71 with 0.03; 1.37
+  and 1.39 with 0.01).
 
 The client optimizer is SGD with ``--client-lr`` for every algorithm.
 """
@@ -36,8 +38,8 @@ SERVER_LEARNING_RATES = {
     "fedavg": 1.0,
     "fedprox": 1.0,
     "fedavgm": 0.2,
-    "fedadam": 0.01,
-    "fedyogi": 0.01,
+    "fedadam": 0.1,
+    "fedyogi": 0.1,
 }
 """Each algorithm's ``--server-lr`` when none is given."""
 

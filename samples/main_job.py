@@ -321,7 +321,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--server-lr",
         type=_rate,
         help="server learning rate (default: 1.0 for fedavg and fedprox, 0.2 for fedavgm, "
-        "0.01 for fedadam and fedyogi)",
+        "0.1 for fedadam and fedyogi)",
     )
     parser.add_argument(
         "--proximal-strength", type=_rate, help="with --algorithm fedprox: mu (default: 0.01)"

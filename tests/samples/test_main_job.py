@@ -241,7 +241,7 @@ ALGORITHM_PROCESSES = {
         {"class": "SGD", "learning_rate": 0.2, "momentum": 0.9},
         None,
     ),
-    ("--algorithm", "fedadam"): ("WeightedFedAvg", {"class": "Adam", "learning_rate": 0.01}, None),
+    ("--algorithm", "fedadam"): ("WeightedFedAvg", {"class": "Adam", "learning_rate": 0.1}, None),
     ("--algorithm", "fedyogi", "--server-lr", "0.03"): (
         "WeightedFedAvg",
         {"class": "Yogi", "learning_rate": 0.03},
@@ -283,7 +283,7 @@ async def test_a_fedprox_run_records_its_algorithm_and_refuses_a_rerun_with_anot
     assert other.returncode == 1
     assert other.stderr.strip().splitlines()[-1] == (
         f"main_job: {root} holds a run configured otherwise (--algorithm 'fedprox' -> "
-        "'fedadam'; --server-lr 1.0 -> 0.01; --proximal-strength 0.01 -> None): "
+        "'fedadam'; --server-lr 1.0 -> 0.1; --proximal-strength 0.01 -> None): "
         "repeat its flags to resume, or pick another --root"
     )
     assert keys(root / "metrics.csv") == [1, 2]
