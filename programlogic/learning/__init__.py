@@ -9,6 +9,7 @@ from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.keras_release import KerasModelReleaseManager
+from programlogic.learning.metrics import SummableMetric
 from programlogic.learning.models import MODELS, build_model, cnn, mlp, softmax_regression
 from programlogic.learning.optimizers import (
     SGD,
@@ -36,6 +37,7 @@ __all__ = [
     "ModelWeights",
     "Optimizer",
     "RMSprop",
+    "SummableMetric",
     "WeightedFedAvg",
     "Yogi",
     "adagrad",

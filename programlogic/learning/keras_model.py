@@ -199,14 +199,24 @@ class FunctionalModel:
 
 
 def _loss_settings(loss: Any) -> dict[str, Any]:
-    """The loss's configuration values that differ from its class's defaults."""
+    """The loss's configuration values that differ from its class's defaults.
+
+    Keras' loss wrappers leave some arguments (``Huber``'s ``delta``) out of their
+    config and keep them as keyword arguments of their function: those count too.
+    """
+
+    def settings(each: Any) -> dict[str, Any]:
+        found = dict(getattr(each, "_fn_kwargs", None) or {})
+        found.update(each.get_config())
+        return found
+
     try:
-        default = type(loss)().get_config()
+        default = settings(type(loss)())
     except TypeError:
         default = {}
     return {
         key: _json_value(value)
-        for key, value in sorted(loss.get_config().items())
+        for key, value in sorted(settings(loss).items())
         if key not in ("name", "from_logits") and default.get(key, object()) != value
     }
 

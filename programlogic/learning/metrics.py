@@ -63,13 +63,23 @@ def _json(value: Any) -> Any:
     return getattr(value, "__name__", None) or type(value).__name__
 
 
+def _stable_name(metric: Any) -> str:
+    """The metric's name, without the counter Keras appends to a default name (``auc_1``)."""
+    kind = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", type(metric).__name__)
+    default = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", kind).lower()
+    if re.fullmatch(rf"{re.escape(default)}_\d+", metric.name):
+        return default
+    return str(metric.name)
+
+
 class SummableMetric:
     """A Keras metric whose variables sum across clients, as a federated process uses it.
 
     ``metric`` is a Keras metric object or a name Keras knows
-    (``"sparse_categorical_accuracy"``, ``"auc"``, ``"mae"``); a metric given by name is
-    released under Keras' default name for its class. Its class must be one of
-    :data:`SUMMABLE_METRIC_CLASSES` (ValueError otherwise, naming the metric and why).
+    (``"sparse_categorical_accuracy"``, ``"auc"``, ``"mae"``). It is released under its
+    name, without the counter Keras appends to default names (``auc``, not ``auc_1``).
+    Its class must be one of :data:`SUMMABLE_METRIC_CLASSES` (ValueError otherwise,
+    naming the metric and why).
     Metrics compare equal when of the same class and configuration.
     """
 
@@ -82,14 +92,11 @@ class SummableMetric:
                 raise ValueError(f"metrics: Keras knows no metric named {metric!r}") from error
             if not isinstance(found, keras.metrics.Metric):
                 raise ValueError(f"metrics: {metric!r} does not name a Keras metric object")
-            config = found.get_config()
-            # A metric made by name is named for its class, without Keras' counter suffix.
-            config["name"] = re.sub(r"_\d+$", "", found.name)
-            metric = type(found).from_config(config)
+            metric = found
         check_interface("metrics", metric, "keras.metrics.Metric", ["stateless_update_state"])
         if not isinstance(metric, SUMMABLE_METRIC_CLASSES):
             raise ValueError(
-                f"metrics: {metric.name!r} ({type(metric).__name__}) is not summable: its "
+                f"metrics: {_stable_name(metric)!r} ({type(metric).__name__}) is not summable: its "
                 "variables are not known to be sums or counts, so summing them across "
                 "clients would not give the metric of the clients' data (supported: "
                 f"{', '.join(kind.__name__ for kind in SUMMABLE_METRIC_CLASSES)} and subclasses)"
@@ -97,13 +104,13 @@ class SummableMetric:
         variables = list(metric.variables)
         if not variables or any(not v.dtype.startswith("float") for v in variables):
             raise ValueError(
-                f"metrics: {metric.name!r} ({type(metric).__name__}) is not summable: it "
+                f"metrics: {_stable_name(metric)!r} ({type(metric).__name__}) is not summable: it "
                 "must hold float variables"
             )
         self.metric = metric
-        self.name: str = metric.name
+        self.name: str = _stable_name(metric)
         self.shapes = [(tuple(int(n) for n in v.shape), str(v.dtype)) for v in variables]
-        self._key = (type(metric), json.dumps(_json(metric.get_config()), sort_keys=True))
+        self._key = (type(metric), json.dumps(self._config(), sort_keys=True))
         self._lock = threading.Lock()
 
     def __eq__(self, other: object) -> bool:
@@ -124,7 +131,10 @@ class SummableMetric:
         """The name given, or the metric's class and configuration (JSON values)."""
         if self.given_name is not None:
             return self.given_name
-        return {"class": type(self.metric).__name__, "config": _json(self.metric.get_config())}
+        return {"class": type(self.metric).__name__, "config": self._config()}
+
+    def _config(self) -> Any:
+        return _json({**self.metric.get_config(), "name": self.name})
 
     def state_names(self) -> list[str]:
         """The names of the metric's summed values: ``<name>/<variable index>``."""
@@ -146,7 +156,9 @@ class SummableMetric:
     def result(self, sums: dict[str, Any]) -> float:
         """The metric of summed variables; a mean of no example is NaN."""
         values = [np.asarray(sums.get(name, 0.0), dtype=np.float64) for name in self.state_names()]
-        values = [np.broadcast_to(v, shape) for v, (shape, _) in zip(values, self.shapes, strict=True)]
+        values = [
+            np.broadcast_to(v, shape) for v, (shape, _) in zip(values, self.shapes, strict=True)
+        ]
         if isinstance(self.metric, keras.metrics.Mean) and len(values) == 2:
             total, count = (float(v) for v in values)
             return math.nan if count == 0 else float(np.float32(total / count))
