@@ -42,10 +42,15 @@ def tff_rounds(clients, kernel, bias) -> list[dict]:
     )
 
     def model_fn() -> tff.learning.models.VariableModel:
-        keras_model = tf.keras.Sequential(
-            [tf.keras.layers.InputLayer(input_shape=(FEATURES,)), tf.keras.layers.Dense(CLASSES)]
+        # Initializers, not set_weights: TFF initializes the variables in its own graph.
+        dense = tf.keras.layers.Dense(
+            CLASSES,
+            kernel_initializer=tf.keras.initializers.Constant(kernel),
+            bias_initializer=tf.keras.initializers.Constant(bias),
         )
-        keras_model.set_weights([kernel, bias])
+        keras_model = tf.keras.Sequential(
+            [tf.keras.layers.InputLayer(input_shape=(FEATURES,)), dense]
+        )
         return tff.learning.models.from_keras_model(
             keras_model,
             loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
