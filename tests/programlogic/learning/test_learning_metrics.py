@@ -271,3 +271,33 @@ async def test_metric_objects_pickle_with_the_process() -> None:
         "auc",
     ]
     assert isinstance(copy.model.metrics[0], SummableMetric)
+
+
+async def test_evaluation_totals_sum_vector_states_over_rounds() -> None:
+    process = build_fed_eval(
+        binary_model,
+        loss="binary_crossentropy",
+        metrics=[keras.metrics.AUC(num_thresholds=30), keras.metrics.Precision()],
+        preprocess=ONE_PASS,
+    )
+    state = process.initialize()
+    clients = binary_clients()
+    names = list(clients)
+    async with LocalContext(max_workers=2):
+        first = await process.next(state, handles({n: clients[n] for n in names[:2]}))
+        second = await process.next(first.state, handles({n: clients[n] for n in names[2:]}))
+
+    model = binary_model()
+    model.set_weights(state["model"]["trainable"])
+    x = np.concatenate([data.x for data in clients.values()])
+    y = np.concatenate([data.y for data in clients.values()])[:, None]
+    expected = central(
+        [keras.metrics.AUC(num_thresholds=30), keras.metrics.Precision()],
+        keras.ops.convert_to_numpy(model(x)),
+        y,
+    )
+    totals = second.metrics["client_work"]["eval"]["total_rounds_metrics"]
+    assert totals["auc"] == pytest.approx(expected["auc"], abs=1e-6)
+    assert totals["precision"] == pytest.approx(expected["precision"], abs=1e-6)
+    assert totals["num_examples"] == len(y)
+    assert second.state["totals"]["auc/0"].shape == (30,)
