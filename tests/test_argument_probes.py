@@ -564,7 +564,11 @@ def probes() -> list[Probe]:
                 "programlogic.learning.keras_model"
             ).FunctionalModel(**arguments),
             lambda: {"model_fn": small_model, "loss": None},
-            [("model_fn", "softmax", TypeError), ("loss", "mse", TypeError)],
+            [
+                ("model_fn", "softmax", TypeError),
+                ("loss", 3, TypeError),
+                ("loss", "no_such_loss", ValueError),
+            ],
         ),
         (
             "build_model",
@@ -584,6 +588,10 @@ def probes() -> list[Probe]:
                 ("seed", "0", TypeError),
                 ("clients_per_group", 0, ValueError),
                 ("clients_per_group", 1.5, TypeError),
+                ("loss", "no_such_loss", ValueError),
+                ("metrics", "auc", TypeError),
+                ("metrics", ["no_such_metric"], ValueError),
+                ("metrics", ["auc", "auc"], ValueError),
             ],
         ),
         (
@@ -639,6 +647,9 @@ def probes() -> list[Probe]:
                 ("preprocess", 3, TypeError),
                 ("clients_per_group", 0, ValueError),
                 ("train_process", "fedavg", TypeError),
+                ("loss", 3, TypeError),
+                ("metrics", "auc", TypeError),
+                ("metrics", ["no_such_metric"], ValueError),
             ],
         ),
         (

@@ -99,10 +99,15 @@ class Preprocessing:
         return ClientBatches(x, y, order.mask)
 
     def examples(self, data: ClientArrays) -> ClientArrays:
-        """``data`` checked, as float32 and int32 arrays, each example in ``feature_shape``."""
+        """``data`` checked, as float32 and int32 arrays, each example in ``feature_shape``.
+
+        Labels that are not integers (regression targets, one-hot rows) stay float32; ``y``
+        may hold more than one value per example (``[n, ...]``).
+        """
         x = np.asarray(data.x, dtype=np.float32)
-        y = np.asarray(data.y, dtype=np.int32)
-        if x.ndim < 1 or y.shape != x.shape[:1]:
+        y = np.asarray(data.y)
+        y = y.astype(np.int32 if y.dtype.kind in "biu" else np.float32, copy=False)
+        if x.ndim < 1 or y.ndim < 1 or y.shape[:1] != x.shape[:1]:
             raise ValueError(
                 "data must hold one label per example, got x of shape "
                 f"{x.shape} and y of shape {y.shape}"

@@ -17,6 +17,7 @@ from programlogic.learning.fed_prox import (
 from programlogic.learning.fed_sgd import FedSGD, build_fed_sgd
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.keras_release import KerasModelReleaseManager
+from programlogic.learning.metrics import SummableMetric
 from programlogic.learning.models import MODELS, build_model, cnn, mlp, softmax_regression
 from programlogic.learning.optimizers import (
     SGD,
@@ -46,6 +47,7 @@ __all__ = [
     "ModelWeights",
     "Optimizer",
     "RMSprop",
+    "SummableMetric",
     "WeightedFedAvg",
     "Yogi",
     "adagrad",

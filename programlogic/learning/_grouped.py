@@ -75,7 +75,7 @@ def ratio(numerator: float, denominator: float) -> float:
 
 
 def functional_model(
-    model_fn: Callable[[], Any], loss: Any, metrics: Sequence[str]
+    model_fn: Callable[[], Any], loss: Any, metrics: Sequence[Any]
 ) -> FunctionalModel:
     """The :class:`FunctionalModel` a builder makes; ``loss`` None is :data:`DEFAULT_LOSS`."""
     return FunctionalModel(model_fn, DEFAULT_LOSS if loss is None else loss, metrics)

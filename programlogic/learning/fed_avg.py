@@ -28,6 +28,7 @@ from programlogic.learning._grouped import (
 )
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
+from programlogic.learning.metrics import client_sums
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 from programlogic.process import LearningProcessOutput
 from programlogic.tasks import task_group
@@ -210,7 +211,7 @@ class WeightedFedAvg(GroupedProcess):
         updates = [
             _ClientUpdate(
                 finite=bool(finite[index]),
-                sums={name: float(value[index]) for name, value in sums.items()},
+                sums=client_sums(sums, index),
             )
             for index in range(len(client_ids))
         ]
@@ -244,8 +245,7 @@ class WeightedFedAvg(GroupedProcess):
         sums = totals.sums
         examples = sums.get("num_examples", 0.0)
         train: dict[str, Any] = {}
-        for name in self.model.metrics:
-            train[name] = ratio(sums.get(name, 0.0), examples)
+        train.update(self.model.metric_results(sums))
         train["loss"] = ratio(sums.get("loss_sum", 0.0), examples)
         train["num_examples"] = int(examples)
         train["num_batches"] = int(sums.get("num_batches", 0.0))
@@ -302,8 +302,8 @@ def _train_group_graph(
 
         start = list(trainable)
         initial_sums = {
-            name: tf.constant(0.0)
-            for name in ("loss_sum", "num_examples", *model.metrics, "num_batches")
+            **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
+            **model.metric_zeros(),
         }
         carry = (
             start,
@@ -340,7 +340,7 @@ def build_weighted_fed_avg(
     server_optimizer: Optimizer | Any = None,
     *,
     loss: Any = None,
-    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    metrics: Sequence[Any] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
     seed: int = 0,
     clients_per_group: int | None = None,
@@ -353,8 +353,10 @@ def build_weighted_fed_avg(
       make FedAdam, FedYogi, FedAdagrad, ``sgd`` with momentum FedAvgM). Either may be a
       Keras SGD, Adam, Adagrad or RMSprop, converted by
       :func:`~programlogic.learning.optimizers.as_optimizer`.
-    - ``loss``: a Keras loss (default ``SparseCategoricalCrossentropy()``); ``metrics``:
-      names from :data:`~programlogic.learning.keras_model.SUPPORTED_METRICS`.
+    - ``loss``: a Keras loss or its name (default ``SparseCategoricalCrossentropy()``);
+      ``metrics``: Keras metrics whose variables sum, or their names
+      (:class:`~programlogic.learning.metrics.SummableMetric`), reported on the round's
+      summed metric variables.
     - ``preprocess``: turns a client's arrays into batches (default
       ``Preprocessing(epochs=5, batch_size=20, shuffle_buffer=100)``).
     - ``seed``: seeds every client's shuffle with ``(seed, round, client id)``.

@@ -20,6 +20,7 @@ from programlogic.learning._grouped import (
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.fed_avg import WeightedFedAvg
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
+from programlogic.learning.metrics import client_sums
 from programlogic.process import LearningProcessOutput
 
 __all__ = ["FederatedEvaluation", "build_fed_eval"]
@@ -72,9 +73,10 @@ class FederatedEvaluation(GroupedProcess):
             group_size=group_size,
         )
         totals = {
-            name: float(state["totals"][name]) + sums.values.get(name, 0.0)
+            name: np.asarray(state["totals"][name], dtype=np.float64) + sums.values.get(name, 0.0)
             for name in state["totals"]
         }
+        totals = {name: float(v) if v.ndim == 0 else v for name, v in totals.items()}
         metrics = {
             "client_work": {
                 "eval": {
@@ -93,14 +95,16 @@ class FederatedEvaluation(GroupedProcess):
         """A state evaluating ``weights``, with its totals cleared."""
         return {"model": self.model.check_weights(weights), "totals": self._zero_sums()}
 
-    def _zero_sums(self) -> dict[str, float]:
-        return dict.fromkeys(_sum_names(self.model), 0.0)
+    def _zero_sums(self) -> dict[str, Any]:
+        zeros: dict[str, Any] = {"loss_sum": 0.0, "num_examples": 0.0}
+        for metric in self.model.metrics:
+            for name, (shape, _) in zip(metric.state_names(), metric.shapes, strict=True):
+                zeros[name] = 0.0 if shape == () else np.zeros(shape)
+        return zeros
 
     def _finalize(self, sums: dict[str, float]) -> dict[str, Any]:
         examples = sums.get("num_examples", 0.0)
-        finished: dict[str, Any] = {
-            name: ratio(sums.get(name, 0.0), examples) for name in self.model.metrics
-        }
+        finished: dict[str, Any] = self.model.metric_results(sums)
         finished["loss"] = ratio(sums.get("loss_sum", 0.0), examples)
         finished["num_examples"] = int(examples)
         return finished
@@ -114,17 +118,10 @@ class FederatedEvaluation(GroupedProcess):
         weights, group_size = broadcast
         sums = self._run_group(weights, datas, [0] * len(datas), group_size)
         arrays = {name: np.asarray(value) for name, value in sums.items()}
-        return [
-            {name: float(value[index]) for name, value in arrays.items()}
-            for index in range(len(client_ids))
-        ]
+        return [client_sums(arrays, index) for index in range(len(client_ids))]
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[()]]:
         return _evaluate_group_graph, ()
-
-
-def _sum_names(model: FunctionalModel) -> tuple[str, ...]:
-    return ("loss_sum", "num_examples", *model.metrics)
 
 
 def _evaluate_group_graph(
@@ -145,7 +142,11 @@ def _evaluate_group_graph(
             )
             return index + 1, {name: sums[name] + batch_sums[name] for name in sums}
 
-        initial = {name: tf.constant(0.0) for name in _sum_names(model)}
+        initial = {
+            "loss_sum": tf.constant(0.0),
+            "num_examples": tf.constant(0.0),
+            **model.metric_zeros(),
+        }
         _, sums = tf.while_loop(
             lambda index, _: index < tf.shape(mask)[0], step, (tf.constant(0), initial)
         )
@@ -158,14 +159,16 @@ def build_fed_eval(
     model_fn: Callable[[], Any],
     *,
     loss: Any = None,
-    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+    metrics: Sequence[Any] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
     clients_per_group: int | None = None,
     train_process: WeightedFedAvg | None = None,
 ) -> FederatedEvaluation:
     """A :class:`FederatedEvaluation` of the Keras model ``model_fn`` builds.
 
-    ``loss`` defaults to ``SparseCategoricalCrossentropy()``. ``preprocess`` must keep
+    ``loss`` (a Keras loss or its name) defaults to ``SparseCategoricalCrossentropy()``;
+    ``metrics`` are Keras metrics whose variables sum, or their names, as for
+    :func:`~programlogic.learning.build_weighted_fed_avg`. ``preprocess`` must keep
     every example exactly once (one epoch). When it is not given, it is derived from
     ``train_process``, the process that trains the model, with
     :meth:`Preprocessing.for_evaluation` (the training's feature shape and batch size,

@@ -14,10 +14,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from managers.validation import check_callable, check_interface
+from managers.validation import check_callable
 from programlogic.datasets.arrays import ClientArrays
 from programlogic.datasets.preprocessing import BatchOrder
 from programlogic.learning._tensorflow import GRAPHS, keras, tf
+from programlogic.learning.metrics import SummableMetric, as_loss, as_metrics
 
 __all__ = [
     "ClientGroup",
@@ -31,7 +32,8 @@ ModelWeights = dict[str, list[np.ndarray]]
 """``{"trainable": [...], "non_trainable": [...]}``: a model's weights in Keras order."""
 
 SUPPORTED_METRICS = ("sparse_categorical_accuracy",)
-"""Metric names :class:`FunctionalModel` computes besides the loss."""
+"""A metric name :class:`FunctionalModel` computes besides the loss (any summable Keras
+metric works: see :class:`~programlogic.learning.metrics.SummableMetric`)."""
 
 DEFAULT_LOSS = keras.losses.SparseCategoricalCrossentropy()
 """The loss of the built-in processes when none is given.
@@ -46,9 +48,10 @@ class FunctionalModel:
 
     ``model_fn()`` must return a built ``keras.Model`` (give it an ``Input`` or call
     ``build``); it is called once, here. ``loss`` is a Keras loss object
-    (``keras.losses.SparseCategoricalCrossentropy()``); the loss of a batch is the mean
-    of its per-example losses over the examples its mask marks, plus the model's
-    regularization losses. ``metrics`` are names from :data:`SUPPORTED_METRICS`.
+    (``keras.losses.SparseCategoricalCrossentropy()``) or the name of one (``"mse"``); the
+    loss of a batch is the mean of its per-example losses over the examples its mask
+    marks, plus the model's regularization losses. ``metrics`` are Keras metrics whose
+    variables sum, or their names (see :func:`~programlogic.learning.metrics.as_metrics`).
 
     Layers that draw random numbers in training (dropout) are not supported: their
     seed state would be shared by every client of a compiled group.
@@ -63,7 +66,7 @@ class FunctionalModel:
         self,
         model_fn: Callable[[], Any],
         loss: Any,
-        metrics: Sequence[str] = ("sparse_categorical_accuracy",),
+        metrics: Sequence[str | SummableMetric | Any] = ("sparse_categorical_accuracy",),
     ) -> None:
         check_callable("model_fn", model_fn)
         with GRAPHS.exclusive():
@@ -75,16 +78,11 @@ class FunctionalModel:
                 "model_fn must return a built model with weights: start it with "
                 "keras.Input(shape) or call model.build(input_shape)"
             )
-        check_interface("loss", loss, "keras.losses.Loss", ["call"])
-        if isinstance(metrics, str):
-            raise TypeError(f"metrics must be a sequence of names, got the str {metrics!r}")
-        for name in metrics:
-            if name not in SUPPORTED_METRICS:
-                raise ValueError(f"metrics supports {', '.join(SUPPORTED_METRICS)}, got {name!r}")
+        loss = as_loss(loss)
+        self.metrics = as_metrics(metrics)
         self.model_fn = model_fn
         self.model = model
         self.loss = loss
-        self.metrics = tuple(metrics)
         self.input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -112,11 +110,12 @@ class FunctionalModel:
         loss: dict[str, Any] = {"class": type(self.loss).__name__}
         if isinstance(getattr(self.loss, "from_logits", None), bool):
             loss["from_logits"] = self.loss.from_logits
+        loss.update(_loss_settings(self.loss))
         return {
             "input_shape": None if self.input_shape is None else _json_value(self.input_shape),
             "layers": [_describe_layer(layer) for layer in self.model.layers],
             "loss": loss,
-            "metrics": list(self.metrics),
+            "metrics": [metric.describe() for metric in self.metrics],
         }
 
     def initial_weights(self) -> ModelWeights:
@@ -173,7 +172,7 @@ class FunctionalModel:
         batch and ``mask`` which of its slots are real. Returns ``(loss,
         new_non_trainable, sums)``: the masked mean loss to differentiate, the
         non-trainable weights after the forward pass, and the sums the metrics are made
-        of (``loss_sum``, ``num_examples``, one per metric).
+        of (``loss_sum``, ``num_examples``, each metric's variables).
         """
         x, y = tf.gather(x, indices), tf.gather(y, indices)
         outputs, new_non_trainable, losses = self.model.stateless_call(
@@ -186,11 +185,40 @@ class FunctionalModel:
         if losses:
             loss = loss + tf.add_n([tf.cast(extra, tf.float32) for extra in losses])
         sums = {"loss_sum": loss * count, "num_examples": count}
-        if "sparse_categorical_accuracy" in self.metrics:
-            predicted = tf.cast(tf.argmax(outputs, axis=-1), y.dtype)
-            correct = tf.cast(tf.equal(predicted, tf.reshape(y, tf.shape(predicted))), tf.float32)
-            sums["sparse_categorical_accuracy"] = tf.reduce_sum(correct * mask)
+        for metric in self.metrics:
+            sums.update(metric.batch_state(y, outputs, mask))
         return loss, list(new_non_trainable), sums
+
+    def metric_zeros(self) -> dict[str, Any]:
+        """Zero metric states by their sum names, traced into the caller's graph."""
+        return {name: zero for metric in self.metrics for name, zero in metric.zeros().items()}
+
+    def metric_results(self, sums: dict[str, Any]) -> dict[str, float]:
+        """Each metric, by name, finalized on summed states."""
+        return {metric.name: metric.result(sums) for metric in self.metrics}
+
+
+def _loss_settings(loss: Any) -> dict[str, Any]:
+    """The loss's configuration values that differ from its class's defaults.
+
+    Keras' loss wrappers leave some arguments (``Huber``'s ``delta``) out of their
+    config and keep them as keyword arguments of their function: those count too.
+    """
+
+    def settings(each: Any) -> dict[str, Any]:
+        found = dict(getattr(each, "_fn_kwargs", None) or {})
+        found.update(each.get_config())
+        return found
+
+    try:
+        default = settings(type(loss)())
+    except TypeError:
+        default = {}
+    return {
+        key: _json_value(value)
+        for key, value in sorted(settings(loss).items())
+        if key not in ("name", "from_logits") and default.get(key, object()) != value
+    }
 
 
 _LAYER_SETTINGS = ("activation", "padding", "strides", "pool_size")
@@ -241,7 +269,7 @@ def bucket(count: int) -> int:
 class ClientGroup(NamedTuple):
     """A group of clients stacked for one compiled call.
 
-    ``x`` float32 ``[group, examples, *features]`` and ``y`` ``[group, examples]`` hold
+    ``x`` float32 ``[group, examples, *features]`` and ``y`` ``[group, examples, ...]`` hold
     each client's examples once; ``indices`` int32 ``[group, batches, batch_size]`` say
     which example fills each batch slot, and ``mask`` (same shape, float32) which slots
     are real. Clients are padded up to common, bucketed sizes and the group with empty
@@ -263,7 +291,7 @@ def stack_clients(
     num_batches = bucket(max(len(order.mask) for order in orders))
     group = ClientGroup(
         x=np.zeros((group_size, num_examples, *first_x.shape[1:]), dtype=np.float32),
-        y=np.zeros((group_size, num_examples), dtype=np.int32),
+        y=np.zeros((group_size, num_examples, *examples[0].y.shape[1:]), dtype=examples[0].y.dtype),
         indices=np.zeros((group_size, num_batches, *first_order.indices.shape[1:]), dtype=np.int32),
         mask=np.zeros((group_size, num_batches, *first_order.mask.shape[1:]), dtype=np.float32),
     )

@@ -240,3 +240,58 @@ class TestFedSGD(LearningProcessContract):
     @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
         return tiny_clients()
+
+
+@functools.cache
+def with_keras_metrics(kind: str, k: int = 2):
+    import keras
+
+    from programlogic.learning import build_fed_eval, build_weighted_fed_avg, softmax_regression
+
+    model_fn = functools.partial(softmax_regression, (FEATURES,), CLASSES)
+    metrics = ["sparse_categorical_accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=k)]
+    if kind == "eval":
+        return build_fed_eval(model_fn, loss="sparse_categorical_crossentropy", metrics=metrics)
+    return build_weighted_fed_avg(
+        model_fn,
+        loss="sparse_categorical_crossentropy",
+        metrics=metrics,
+        preprocess=Preprocessing(epochs=1, batch_size=4, shuffle_buffer=8),
+        seed=5,
+    )
+
+
+class TestFedAvgWithKerasMetrics(LearningProcessContract):
+    @pytest.fixture
+    def process(self):
+        return with_keras_metrics("train")
+
+    @pytest.fixture
+    def make_process(self):
+        return functools.partial(with_keras_metrics.__wrapped__, "train")
+
+    @pytest.fixture
+    def other_process(self):
+        return with_keras_metrics.__wrapped__("train", k=1)
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return tiny_clients()
+
+
+class TestFedEvalWithKerasMetrics(LearningProcessContract):
+    @pytest.fixture
+    def process(self):
+        return with_keras_metrics("eval")
+
+    @pytest.fixture
+    def make_process(self):
+        return functools.partial(with_keras_metrics.__wrapped__, "eval")
+
+    @pytest.fixture
+    def other_process(self):
+        return with_keras_metrics.__wrapped__("eval", k=1)
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return tiny_clients()

@@ -420,7 +420,7 @@ async def test_set_model_weights_refuses_a_wrong_shape() -> None:
             "clients_per_group must be an int >= 1 or None, got 0",
         ),
         ({"clients_per_group": True}, TypeError, "clients_per_group must be an int >= 1"),
-        ({"metrics": ["accuracy"]}, ValueError, "got 'accuracy'"),
+        ({"metrics": ["no_such_metric"]}, ValueError, "no metric named 'no_such_metric'"),
     ],
     ids=[
         "client-optimizer",

@@ -81,23 +81,33 @@ LOSS = keras.losses.SparseCategoricalCrossentropy()
             ValueError,
             r"model_fn must return a built model with weights: start it with keras\.Input",
         ),
-        (linear_model, "sparse_categorical_crossentropy", (), TypeError, "loss must be a keras"),
+        (linear_model, 3, (), TypeError, "loss must be a keras"),
+        (linear_model, "no_such_loss", (), ValueError, "Keras knows no loss named 'no_such_loss'"),
         (
             linear_model,
             LOSS,
-            ("auc",),
+            ("no_such_metric",),
             ValueError,
-            "supports sparse_categorical_accuracy, got 'auc'",
+            "Keras knows no metric named 'no_such_metric'",
         ),
         (
             linear_model,
             LOSS,
             "sparse_categorical_accuracy",
             TypeError,
-            "metrics must be a sequence of names, got the str 'sparse_categorical_accuracy'",
+            "metrics must be a sequence of Keras metrics or their names, got str "
+            "'sparse_categorical_accuracy'",
         ),
     ],
-    ids=["not-callable", "not-a-model", "unbuilt", "loss-name", "unknown-metric", "metrics-str"],
+    ids=[
+        "not-callable",
+        "not-a-model",
+        "unbuilt",
+        "loss-type",
+        "loss-name",
+        "unknown-metric",
+        "metrics-str",
+    ],
 )
 async def test_functional_model_refuses_bad_arguments(model_fn, loss, metrics, error, message):
     with pytest.raises(error, match=message):
@@ -115,7 +125,7 @@ async def test_initial_weights_and_check_weights_convert_to_the_model_dtypes() -
     assert [w.shape for w in initial["trainable"]] == [(4, 3), (3,)]
     assert initial["non_trainable"] == []
     assert model.input_shape == (4,)
-    assert model.metrics == ("sparse_categorical_accuracy",)
+    assert [metric.name for metric in model.metrics] == ["sparse_categorical_accuracy"]
 
     given = {"trainable": [np.ones((4, 3)), [0.5, 0.25, 0.0]], "non_trainable": ()}
     checked = model.check_weights(given)
