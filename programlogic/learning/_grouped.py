@@ -24,7 +24,7 @@ import numpy as np
 from managers.validation import check_int
 from programlogic.context import FederatedContext, get_context
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._tensorflow import CompiledFunction, keras
+from programlogic.learning._tensorflow import CompiledFunction, keras, tf
 from programlogic.learning.keras_model import (
     DEFAULT_LOSS,
     FunctionalModel,
@@ -41,6 +41,7 @@ __all__ = [
     "plan_group_size",
     "ratio",
     "shared_compiled",
+    "weighted_delta_sum",
 ]
 
 MAX_CLIENTS_PER_GROUP = 64
@@ -218,3 +219,25 @@ class GroupedProcess(abc.ABC):
             raise ValueError(f"{round_name} needs at least one client, got none")
         context = get_context()
         return context, plan_group_size(len(clients), context.parallelism, self.clients_per_group)
+
+
+def weighted_delta_sum(
+    deltas: Sequence[Any], finite: Any, num_examples: Any, client_weighting: str
+) -> tuple[list[Any], Any]:
+    """The float64 sum of a group's ``deltas`` (stacked by client), each client weighted,
+    and the summed weight.
+
+    A client's weight is its ``num_examples`` or, ``"uniform"``, 1 if it has any; 0 if its
+    delta is not finite (whose zeroed delta then adds no NaN). Padding clients have no
+    examples and weigh nothing either way.
+    """
+    examples = tf.cast(num_examples, tf.float64)
+    if client_weighting == "uniform":
+        examples = tf.where(examples > 0, tf.ones_like(examples), tf.zeros_like(examples))
+    weight = tf.where(finite, examples, tf.zeros_like(examples))
+    delta_sum = []
+    for delta in deltas:
+        column = [-1] + [1] * (len(delta.shape) - 1)
+        kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
+        delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
+    return delta_sum, tf.reduce_sum(weight)

@@ -22,6 +22,7 @@ from programlogic.learning._grouped import (
     check_clients_per_group,
     functional_model,
     ratio,
+    weighted_delta_sum,
 )
 from programlogic.learning._grouped import (
     plan_group_size as plan_group_size,
@@ -218,8 +219,8 @@ class WeightedFedAvg(GroupedProcess):
         updates[0].group = group
         return updates
 
-    def _group_graph(self) -> tuple[Callable[..., Any], tuple[Optimizer]]:
-        return _train_group_graph, (self.client_optimizer,)
+    def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _train_group_graph, (self.client_optimizer, 0.0, "num_examples")
 
     def _server_step(self, state: dict[str, Any], totals: _Totals) -> LearningProcessOutput:
         weights = state["model"]
@@ -266,14 +267,21 @@ class WeightedFedAvg(GroupedProcess):
 def _train_group_graph(
     model: FunctionalModel,
     optimizer: Optimizer,
+    proximal_strength: float,
+    client_weighting: str,
     trainable: list[Any],
     non_trainable: list[Any],
     group: ClientGroup,
 ) -> tuple[list[Any], Any, Any, dict[str, Any]]:
-    """A group's weighted delta sum, its weight, and each client's finiteness and sums."""
+    """A group's weighted delta sum, its weight, and each client's finiteness and sums.
+
+    A nonzero ``proximal_strength`` adds ``proximal_strength * (w - w_server)`` to each
+    client gradient (FedProx); ``client_weighting`` as in :func:`weighted_delta_sum`.
+    """
 
     def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
         x, y, batch_indices, mask = data
+        start = list(trainable)
 
         def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
             weights, others, optimizer_state, sums = carry
@@ -286,6 +294,11 @@ def _train_group_graph(
                 tf.zeros_like(w) if g is None else g
                 for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
             ]
+            if proximal_strength:
+                gradients = [
+                    g + proximal_strength * (w - w0)
+                    for g, w, w0 in zip(gradients, weights, start, strict=True)
+                ]
             new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
             has_data = batch_sums["num_examples"] > 0
             batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
@@ -300,7 +313,6 @@ def _train_group_graph(
                 {name: sums[name] + batch_sums[name] for name in sums},
             )
 
-        start = list(trainable)
         initial_sums = {
             **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
             **model.metric_zeros(),
@@ -323,15 +335,8 @@ def _train_group_graph(
         return delta, finite, sums
 
     deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
-    # A client whose delta is not finite weighs nothing (and its delta, zeroed, adds
-    # no NaN); padding clients trained on no example and weigh nothing either.
-    weight = tf.where(finite, tf.cast(sums["num_examples"], tf.float64), 0.0)
-    delta_sum = []
-    for delta in deltas:
-        column = [-1] + [1] * (len(delta.shape) - 1)
-        kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
-        delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
-    return delta_sum, tf.reduce_sum(weight), finite, sums
+    delta_sum, weight = weighted_delta_sum(deltas, finite, sums["num_examples"], client_weighting)
+    return delta_sum, weight, finite, sums
 
 
 def build_weighted_fed_avg(

@@ -8,9 +8,8 @@ from typing import Any
 from managers.validation import check_choice, check_int, check_number, check_type
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._grouped import check_clients_per_group, functional_model
-from programlogic.learning._tensorflow import tf
-from programlogic.learning.fed_avg import WeightedFedAvg
-from programlogic.learning.keras_model import ClientGroup, FunctionalModel
+from programlogic.learning.fed_avg import WeightedFedAvg, _train_group_graph
+from programlogic.learning.keras_model import FunctionalModel
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 
 __all__ = [
@@ -73,103 +72,11 @@ class FedProx(WeightedFedAvg):
         }
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _prox_group_graph, (
+        return _train_group_graph, (
             self.client_optimizer,
             self.proximal_strength,
             self.client_weighting,
         )
-
-
-def _prox_group_graph(
-    model: FunctionalModel,
-    optimizer: Optimizer,
-    proximal_strength: float,
-    client_weighting: str,
-    trainable: list[Any],
-    non_trainable: list[Any],
-    group: ClientGroup,
-) -> tuple[list[Any], Any, Any, dict[str, Any]]:
-    """A group's weighted delta sum, its weight, and each client's finiteness and sums."""
-
-    def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
-        x, y, batch_indices, mask = data
-        start = list(trainable)
-
-        def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-            weights, others, optimizer_state, sums = carry
-            with tf.GradientTape() as tape:
-                tape.watch(weights)
-                loss, new_others, batch_sums = model.batch(
-                    weights, others, x, y, batch_indices[index], mask[index], training=True
-                )
-            gradients = [
-                tf.zeros_like(w) if g is None else g
-                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
-            ]
-            if proximal_strength != 0:
-                gradients = [
-                    g + proximal_strength * (w - w0)
-                    for g, w, w0 in zip(gradients, weights, start, strict=True)
-                ]
-            new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
-            has_data = batch_sums["num_examples"] > 0
-            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
-
-            def keep_if_empty(new: Any, old: Any) -> Any:
-                return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
-
-            return (
-                tf.nest.map_structure(keep_if_empty, new_weights, weights),
-                tf.nest.map_structure(keep_if_empty, new_others, others),
-                tf.nest.map_structure(keep_if_empty, new_state, optimizer_state),
-                {name: sums[name] + batch_sums[name] for name in sums},
-            )
-
-        initial_sums = {
-            name: tf.constant(0.0)
-            for name in ("loss_sum", "num_examples", *model.metrics, "num_batches")
-        }
-        carry = (
-            start,
-            list(non_trainable),
-            tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
-            initial_sums,
-        )
-        num_batches = tf.shape(mask)[0]
-        _, (trained, _, _, sums) = tf.while_loop(
-            lambda i, _: i < num_batches,
-            lambda i, c: (i + 1, step(i, c)),
-            (tf.constant(0), carry),
-        )
-        delta = [before - after for before, after in zip(start, trained, strict=True)]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
-        return delta, finite, sums
-
-    deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
-    delta_sum, weight = _weighted_delta_sum(deltas, finite, sums["num_examples"], client_weighting)
-    return delta_sum, weight, finite, sums
-
-
-def _weighted_delta_sum(
-    deltas: Sequence[Any], finite: Any, num_examples: Any, client_weighting: str
-) -> tuple[list[Any], Any]:
-    """The float64 sum of the group's ``deltas`` (stacked by client) with each client's
-    weight, and the summed weight.
-
-    A client's weight is its ``num_examples`` or, ``"uniform"``, 1 if it has any; 0 if its
-    delta is not finite (whose zeroed delta then adds no NaN). Padding clients have no
-    examples and weigh nothing either way.
-    """
-    examples = tf.cast(num_examples, tf.float64)
-    if client_weighting == "uniform":
-        examples = tf.where(examples > 0, tf.ones_like(examples), tf.zeros_like(examples))
-    weight = tf.where(finite, examples, tf.zeros_like(examples))
-    delta_sum = []
-    for delta in deltas:
-        column = [-1] + [1] * (len(delta.shape) - 1)
-        kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
-        delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
-    return delta_sum, tf.reduce_sum(weight)
 
 
 def _check_strength(proximal_strength: object) -> float:

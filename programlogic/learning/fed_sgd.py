@@ -7,10 +7,14 @@ from typing import Any
 
 from managers.validation import check_int, check_type
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._grouped import GroupedProcess, check_clients_per_group, functional_model
+from programlogic.learning._grouped import (
+    GroupedProcess,
+    check_clients_per_group,
+    functional_model,
+    weighted_delta_sum,
+)
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.fed_avg import WeightedFedAvg
-from programlogic.learning.fed_prox import _weighted_delta_sum
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 
@@ -92,8 +96,8 @@ def _sgd_group_graph(
             )
 
         initial_sums = {
-            name: tf.constant(0.0)
-            for name in ("loss_sum", "num_examples", *model.metrics, "num_batches")
+            **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
+            **model.metric_zeros(),
         }
         carry = (
             [tf.zeros_like(w) for w in weights],
@@ -111,7 +115,7 @@ def _sgd_group_graph(
         return mean, finite, sums
 
     gradients, finite, sums = tf.vectorized_map(client_gradient, tuple(group))
-    delta_sum, weight = _weighted_delta_sum(gradients, finite, sums["num_examples"], "num_examples")
+    delta_sum, weight = weighted_delta_sum(gradients, finite, sums["num_examples"], "num_examples")
     return delta_sum, weight, finite, sums
 
 
