@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from managers.validation import check_int
+from managers.validation import check_int, check_type
 from programlogic.context import FederatedContext, get_context
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._tensorflow import CompiledFunction, keras, tf
@@ -41,6 +41,7 @@ __all__ = [
     "plan_group_size",
     "ratio",
     "shared_compiled",
+    "training_model",
     "weighted_delta_sum",
 ]
 
@@ -219,6 +220,22 @@ class GroupedProcess(abc.ABC):
             raise ValueError(f"{round_name} needs at least one client, got none")
         context = get_context()
         return context, plan_group_size(len(clients), context.parallelism, self.clients_per_group)
+
+
+def training_model(
+    model_fn: Callable[[], Any],
+    loss: Any,
+    metrics: Sequence[Any],
+    preprocess: Preprocessing,
+    seed: int,
+    clients_per_group: int | None,
+) -> FunctionalModel:
+    """The model of a training process's builder, once ``preprocess``, ``seed`` and
+    ``clients_per_group`` are checked."""
+    check_type("preprocess", preprocess, Preprocessing)
+    check_int("seed", seed, minimum=0)
+    check_clients_per_group(clients_per_group)
+    return functional_model(model_fn, loss, metrics)
 
 
 def weighted_delta_sum(

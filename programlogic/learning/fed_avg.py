@@ -10,7 +10,6 @@ from typing import Any
 import anyio
 import numpy as np
 
-from managers.validation import check_int, check_type
 from programlogic.context import count_dropped_clients
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
@@ -19,9 +18,8 @@ from programlogic.learning._grouped import (
 )
 from programlogic.learning._grouped import (
     GroupedProcess,
-    check_clients_per_group,
-    functional_model,
     ratio,
+    training_model,
     weighted_delta_sum,
 )
 from programlogic.learning._grouped import (
@@ -369,18 +367,25 @@ def build_weighted_fed_avg(
       (default: the round split evenly over the context's workers, see
       :func:`plan_group_size`).
     """
-    if client_optimizer is None:
-        client_optimizer = sgd(0.02)
-    if server_optimizer is None:
-        server_optimizer = sgd(1.0)
-    client_optimizer = as_optimizer(client_optimizer, "client_optimizer")
-    server_optimizer = as_optimizer(server_optimizer, "server_optimizer")
-    if preprocess is None:
-        preprocess = Preprocessing()
-    check_type("preprocess", preprocess, Preprocessing)
-    check_int("seed", seed, minimum=0)
-    check_clients_per_group(clients_per_group)
-    model = functional_model(model_fn, loss, metrics)
+    client_optimizer, server_optimizer = _fed_avg_optimizers(client_optimizer, server_optimizer)
+    preprocess = Preprocessing() if preprocess is None else preprocess
+    model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
     return WeightedFedAvg(
         model, client_optimizer, server_optimizer, preprocess, seed, clients_per_group
+    )
+
+
+def _fed_avg_optimizers(
+    client_optimizer: Any, server_optimizer: Any
+) -> tuple[Optimizer, Optimizer]:
+    """FedAvg's client and server optimizers: those given (converted by
+    :func:`~programlogic.learning.optimizers.as_optimizer`) or ``sgd(0.02)`` and
+    ``sgd(1.0)``."""
+    return (
+        as_optimizer(
+            sgd(0.02) if client_optimizer is None else client_optimizer, "client_optimizer"
+        ),
+        as_optimizer(
+            sgd(1.0) if server_optimizer is None else server_optimizer, "server_optimizer"
+        ),
     )

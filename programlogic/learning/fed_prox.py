@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from managers.validation import check_choice, check_int, check_number, check_type
+from managers.validation import check_choice, check_number
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._grouped import check_clients_per_group, functional_model
-from programlogic.learning.fed_avg import WeightedFedAvg, _train_group_graph
+from programlogic.learning._grouped import training_model
+from programlogic.learning.fed_avg import WeightedFedAvg, _fed_avg_optimizers, _train_group_graph
 from programlogic.learning.keras_model import FunctionalModel
-from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
+from programlogic.learning.optimizers import Optimizer
 
 __all__ = [
     "CLIENT_WEIGHTINGS",
@@ -79,49 +79,6 @@ class FedProx(WeightedFedAvg):
         )
 
 
-def _check_strength(proximal_strength: object) -> float:
-    check_number("proximal_strength", proximal_strength, minimum=0, finite=True)
-    return float(proximal_strength)  # type: ignore[arg-type]
-
-
-def _build(
-    model_fn: Callable[[], Any],
-    client_optimizer: Optimizer | Any,
-    server_optimizer: Optimizer | Any,
-    *,
-    proximal_strength: float,
-    client_weighting: str,
-    loss: Any,
-    metrics: Sequence[str],
-    preprocess: Preprocessing | None,
-    seed: int,
-    clients_per_group: int | None,
-) -> FedProx:
-    client_optimizer = as_optimizer(
-        sgd(0.02) if client_optimizer is None else client_optimizer, "client_optimizer"
-    )
-    server_optimizer = as_optimizer(
-        sgd(1.0) if server_optimizer is None else server_optimizer, "server_optimizer"
-    )
-    client_weighting = check_choice("client_weighting", client_weighting, CLIENT_WEIGHTINGS)
-    if preprocess is None:
-        preprocess = Preprocessing()
-    check_type("preprocess", preprocess, Preprocessing)
-    check_int("seed", seed, minimum=0)
-    check_clients_per_group(clients_per_group)
-    model = functional_model(model_fn, loss, metrics)
-    return FedProx(
-        model,
-        client_optimizer,
-        server_optimizer,
-        preprocess,
-        seed,
-        clients_per_group,
-        proximal_strength=proximal_strength,
-        client_weighting=client_weighting,
-    )
-
-
 def build_weighted_fed_prox(
     model_fn: Callable[[], Any],
     proximal_strength: float,
@@ -143,17 +100,20 @@ def build_weighted_fed_prox(
     arguments and defaults are :func:`~programlogic.learning.build_weighted_fed_avg`'s
     (client ``sgd(0.02)``, server ``sgd(1.0)``, as TFF's server default).
     """
-    return _build(
-        model_fn,
+    check_number("proximal_strength", proximal_strength, minimum=0, finite=True)
+    client_weighting = check_choice("client_weighting", client_weighting, CLIENT_WEIGHTINGS)
+    client_optimizer, server_optimizer = _fed_avg_optimizers(client_optimizer, server_optimizer)
+    preprocess = Preprocessing() if preprocess is None else preprocess
+    model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
+    return FedProx(
+        model,
         client_optimizer,
         server_optimizer,
-        proximal_strength=_check_strength(proximal_strength),
+        preprocess,
+        seed,
+        clients_per_group,
+        proximal_strength=float(proximal_strength),
         client_weighting=client_weighting,
-        loss=loss,
-        metrics=metrics,
-        preprocess=preprocess,
-        seed=seed,
-        clients_per_group=clients_per_group,
     )
 
 
@@ -172,11 +132,11 @@ def build_unweighted_fed_prox(
     """A :class:`FedProx` process averaging the clients with equal weights, TFF's
     ``build_unweighted_fed_prox``: :func:`build_weighted_fed_prox` with
     ``client_weighting="uniform"``."""
-    return _build(
+    return build_weighted_fed_prox(
         model_fn,
+        proximal_strength,
         client_optimizer,
         server_optimizer,
-        proximal_strength=_check_strength(proximal_strength),
         client_weighting="uniform",
         loss=loss,
         metrics=metrics,
@@ -201,11 +161,11 @@ def build_unweighted_fed_avg(
     ``build_unweighted_fed_avg``: a :class:`FedProx` with ``proximal_strength=0`` and
     ``client_weighting="uniform"``; arguments as
     :func:`~programlogic.learning.build_weighted_fed_avg`'s."""
-    return _build(
+    return build_weighted_fed_prox(
         model_fn,
+        0.0,
         client_optimizer,
         server_optimizer,
-        proximal_strength=0.0,
         client_weighting="uniform",
         loss=loss,
         metrics=metrics,

@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from managers.validation import check_int, check_type
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning._grouped import (
     GroupedProcess,
-    check_clients_per_group,
-    functional_model,
+    training_model,
     weighted_delta_sum,
 )
 from programlogic.learning._tensorflow import tf
@@ -144,8 +142,5 @@ def build_fed_sgd(
     )
     if preprocess is None:
         preprocess = Preprocessing(epochs=1, batch_size=20, shuffle_buffer=0)
-    check_type("preprocess", preprocess, Preprocessing)
-    check_int("seed", seed, minimum=0)
-    check_clients_per_group(clients_per_group)
-    model = functional_model(model_fn, loss, metrics)
+    model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
     return FedSGD(model, server_optimizer, preprocess, seed, clients_per_group)
