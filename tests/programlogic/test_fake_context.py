@@ -185,19 +185,19 @@ async def test_the_record_holds_the_size_of_the_broadcast_pickled() -> None:
 
 async def test_a_cancelled_call_is_recorded_and_starts_no_further_client() -> None:
     started: list[str] = []
-    go = threading.Event()
+    first_started, go = threading.Event(), threading.Event()
 
     def work(broadcast: Any, client_id: str, data: Any) -> str:
         started.append(client_id)
+        first_started.set()
         go.wait()
         return client_id
 
     async with FakeContext() as fake:
         async with anyio.create_task_group() as group:
             group.start_soon(fake.map_clients, work, None, clients(3))
-            with anyio.fail_after(60):  # a hang guard only: the first client starts at once
-                while not started:  # it computes on the context's thread
-                    await anyio.sleep(0.001)
+            # The first client computes on the context's thread; wait for it there.
+            await anyio.to_thread.run_sync(first_started.wait)
             group.cancel_scope.cancel()
             go.set()
         assert await fake.map_clients(plus, 0, clients(3)) == [0, 1, 2]
