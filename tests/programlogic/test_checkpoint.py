@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -34,6 +33,7 @@ from programlogic import (
 )
 from programlogic.checkpoint import FORMAT_VERSION, READABLE_VERSIONS
 from programlogic.testing import FakeClock, FakeDataSource, FakeLearningProcess
+from tests.programlogic.evaluation_helpers import RecordingEvaluations
 
 pytestmark = pytest.mark.anyio
 
@@ -53,24 +53,6 @@ class StopAfterRound:
 
     async def after_evaluation(self, round_num: int) -> StopReason | None:
         return None
-
-
-class RecordingEvaluations:
-    """Records the rounds whose evaluation started, with their start time."""
-
-    def __init__(self) -> None:
-        self.started: dict[int, int] = {}
-
-    async def resume_from_previous_state(self) -> None:
-        pass
-
-    async def start_evaluation(
-        self, train_round: int, start_timestamp: int, model_weights: Any
-    ) -> None:
-        self.started.setdefault(train_round, start_timestamp)
-
-    async def wait_for_evaluations_to_finish(self) -> None:
-        pass
 
 
 class Run:

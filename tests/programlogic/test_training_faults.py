@@ -31,29 +31,12 @@ from programlogic.testing import (
     SimulatedCrash,
     SlowCall,
 )
+from tests.programlogic.evaluation_helpers import RecordingEvaluations
 
 pytestmark = pytest.mark.anyio
 
 ROUNDS = 6
 CLIENTS = [f"client_{i}" for i in range(5)]
-
-
-class RecordingEvaluations:
-    """An evaluation manager that records the rounds it was asked to evaluate, and when."""
-
-    def __init__(self) -> None:
-        self.started: dict[int, int] = {}
-
-    async def resume_from_previous_state(self) -> None:
-        pass
-
-    async def start_evaluation(
-        self, train_round: int, start_timestamp: int, model_weights: Any
-    ) -> None:
-        self.started.setdefault(train_round, start_timestamp)
-
-    async def wait_for_evaluations_to_finish(self) -> None:
-        pass
 
 
 async def train(
