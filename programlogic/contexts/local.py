@@ -38,6 +38,8 @@ class LocalContext(StreamingContext):
     current client (a thread cannot be interrupted) and starts no further client.
     """
 
+    _thread_name = "programlogic-local"
+
     def __init__(self, max_workers: int | None = None) -> None:
         check_int("max_workers", max_workers, minimum=1, allow_none=True)
         self.max_workers = max_workers or os.cpu_count() or 1
@@ -49,7 +51,7 @@ class LocalContext(StreamingContext):
         return self.max_workers
 
     async def open(self) -> None:
-        self._workers = WorkerThreads(self.max_workers, name="programlogic-local")
+        self._workers = WorkerThreads(self.max_workers, name=self._thread_name)
 
     async def close(self) -> None:
         workers, self._workers = self._workers, None
@@ -61,7 +63,8 @@ class LocalContext(StreamingContext):
 
     def _require_workers(self) -> WorkerThreads:
         if self._workers is None:
-            raise RuntimeError("LocalContext is not entered: use `async with LocalContext():`")
+            name = type(self).__name__
+            raise RuntimeError(f"{name} is not entered: use `async with {name}():`")
         return self._workers
 
     async def stream_units(

@@ -13,7 +13,7 @@ import anyio
 from managers.validation import check_int, check_interface, check_type, describe
 from programlogic.context import ClientFn, GroupFn, report_dropped_clients
 from programlogic.contexts._threads import WorkerThreads
-from programlogic.contexts.streaming import StreamingContext
+from programlogic.contexts.local import LocalContext
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
 from programlogic.exceptions import ClientError, ClusterConnectionError, NotEnoughClientsError
 from programlogic.tasks import task_group
@@ -63,7 +63,7 @@ class CallRecord:
     error: BaseException | None = None
 
 
-class FakeContext(StreamingContext):
+class FakeContext(LocalContext):
     """A federated context that plays faults given up front, for tests of program logic.
 
     Client work and server steps run on ``max_workers`` threads of this process, as in
@@ -92,6 +92,8 @@ class FakeContext(StreamingContext):
     and starts no more.
     """
 
+    _thread_name = "programlogic-fake"
+
     def __init__(
         self,
         faults: Iterable[Fault] = (),
@@ -112,35 +114,16 @@ class FakeContext(StreamingContext):
                 "a SlowCall moves the context's clock: give FakeContext a clock, got clock=None"
             )
         check_int("max_workers", max_workers, minimum=1)
+        super().__init__(max_workers)
         self.faults = plan
         self.min_clients = min_clients
         self.clock = clock
-        self.max_workers = max_workers
         self.calls: list[CallRecord] = []
-        self._workers: WorkerThreads | None = None
         self._lost_in: int | None = None
-
-    @property
-    def parallelism(self) -> int:
-        """``max_workers``: the threads that compute at once."""
-        return self.max_workers
 
     async def open(self) -> None:
         self._lost_in = None  # entering again connects to a new cluster
-        self._workers = WorkerThreads(self.max_workers, name="programlogic-fake")
-
-    async def close(self) -> None:
-        workers, self._workers = self._workers, None
-        if workers is not None:
-            await workers.stop()
-
-    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
-        return await self._require_workers().run(fn, *args)
-
-    def _require_workers(self) -> WorkerThreads:
-        if self._workers is None:
-            raise RuntimeError("FakeContext is not entered: use `async with FakeContext():`")
-        return self._workers
+        await super().open()
 
     def _faults_of(self, kind: type[T], call: int) -> list[T]:
         """The faults of type ``kind`` played in call number ``call``."""
