@@ -42,7 +42,6 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,8 +51,18 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import anyio
-import numpy as np
-from _anchor_process import run_anchor_process
+from _tff_comparison import (
+    ANCHORS,
+    TOLERANCE,
+    first,
+    json_lines_of,
+    make_clients,
+    max_relative_difference,
+    positive,
+    steady,
+    tff_python,
+    write_npz,
+)
 
 from managers import (
     CSVFileReleaseManager,
@@ -65,46 +74,8 @@ from managers import (
 )
 from managers.values import materialize
 from programlogic import InMemoryDataSource, LocalContext, Sampling, train_model
-from programlogic.datasets.arrays import ClientArrays
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning import build_weighted_fed_avg, sgd, softmax_regression
-
-REPO = Path(__file__).resolve().parent.parent
-ANCHORS = REPO.parent / "shared" / "anchors"
-EXAMPLES_PER_CLIENT = 100
-TOLERANCE = 1e-5
-
-
-def make_clients(count: int) -> list[ClientArrays]:
-    """``count`` clients of 100 synthetic examples, drawn as the anchor draws its own."""
-    rng = np.random.default_rng(0)
-    clients = []
-    for _ in range(count):
-        x = rng.random((EXAMPLES_PER_CLIENT, 784), dtype=np.float32)
-        y = rng.integers(0, 10, (EXAMPLES_PER_CLIENT, 1)).astype(np.int32).reshape(-1)
-        clients.append(ClientArrays(x, y))
-    return clients
-
-
-def write_npz(path: Path, clients: list[ClientArrays]) -> None:
-    """The clients in the anchor's format: ``x_i`` float32 [m, 784], ``y_i`` int32 [m]."""
-    arrays: dict[str, np.ndarray] = {}
-    for index, client in enumerate(clients):
-        arrays[f"x_{index}"] = client.x
-        arrays[f"y_{index}"] = client.y
-    np.savez(path, **arrays)
-
-
-def tff_python() -> str:
-    """The TFF venv's interpreter; ``setup_tff_venv.sh`` prints the venv on its last line."""
-    setup = ANCHORS / "setup_tff_venv.sh"
-    if not setup.exists():
-        sys.exit(f"fedavg_vs_tff: {setup} is missing (shared/ must sit beside the repo)")
-    done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.exit(f"fedavg_vs_tff: {setup} failed:\n{done.stderr[-2000:]}")
-    venv = done.stdout.strip().splitlines()[-1].strip()
-    return str(Path(venv) / "bin" / "python")
 
 
 def run_tff(python: str, npz: Path, rounds: int) -> dict[str, Any]:
@@ -118,11 +89,7 @@ def run_tff(python: str, npz: Path, rounds: int) -> dict[str, Any]:
         str(rounds),
         "--no-shuffle",
     ]
-    returncode, stdout, stderr = run_anchor_process(command)
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    if returncode != 0 or not lines:
-        sys.exit(f"fedavg_vs_tff: {' '.join(command)} failed ({returncode}):\n{stderr[-2000:]}")
-    return json.loads(lines[-1])
+    return json_lines_of("fedavg_vs_tff", command)[-1]
 
 
 def build_process(clients_per_group: int | None) -> Any:
@@ -223,22 +190,6 @@ async def run_program(
         "loss": [metrics.losses[key] for key in keys],
         "total_s": total,
     }
-
-
-def max_relative_difference(ours: list[float], theirs: list[float]) -> float:
-    if len(ours) != len(theirs):
-        raise ValueError(f"{len(ours)} losses against {len(theirs)}")
-    return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(ours, theirs, strict=True))
-
-
-def first(runs: list[dict[str, Any]]) -> float:
-    """Median milliseconds of the first round (tracing, compilation) of ``runs``."""
-    return statistics.median(run["round_s"][0] for run in runs) * 1e3
-
-
-def steady(runs: list[dict[str, Any]]) -> float:
-    """Median milliseconds of the rounds after the first, pooled over ``runs``."""
-    return statistics.median(t for run in runs for t in run["round_s"][1:]) * 1e3
 
 
 WARM_ROUNDS = 3
@@ -374,13 +325,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print("  ".join("-" * width for width in widths))
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=positive, nargs="+", default=[10, 100])
@@ -403,7 +347,7 @@ def main() -> None:
             f"--rounds must be at least {WARM_ROUNDS + 1}: the first {WARM_ROUNDS} rounds "
             "are left out of the overhead"
         )
-    python = None if arguments.skip_tff else tff_python()
+    python = None if arguments.skip_tff else tff_python("fedavg_vs_tff")
     rows = []
     for count in arguments.clients:
         rounds = arguments.rounds or (30 if count <= 10 else 10)

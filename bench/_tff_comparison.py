@@ -1,0 +1,98 @@
+"""What the benchmarks against TFF 0.87 share: their clients, TFF's Python, medians.
+
+``fedavg_vs_tff.py`` and ``algorithms_vs_tff.py`` train on the same synthetic clients,
+find the TFF venv the same way and summarize rounds the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _anchor_process import run_anchor_process
+
+from programlogic.datasets.arrays import ClientArrays
+
+REPO = Path(__file__).resolve().parent.parent
+ANCHORS = REPO.parent / "shared" / "anchors"
+EXAMPLES_PER_CLIENT = 100
+TOLERANCE = 1e-5
+TFF_PYTHON_VARIABLE = "PROGRAMLOGIC_TFF_PYTHON"
+"""The TFF venv's interpreter, when set; otherwise ``setup_tff_venv.sh`` finds or builds it."""
+
+
+def make_clients(count: int) -> list[ClientArrays]:
+    """``count`` clients of 100 synthetic examples, drawn as the anchor draws its own."""
+    rng = np.random.default_rng(0)
+    clients = []
+    for _ in range(count):
+        x = rng.random((EXAMPLES_PER_CLIENT, 784), dtype=np.float32)
+        y = rng.integers(0, 10, (EXAMPLES_PER_CLIENT, 1)).astype(np.int32).reshape(-1)
+        clients.append(ClientArrays(x, y))
+    return clients
+
+
+def write_npz(path: Path, clients: list[ClientArrays]) -> None:
+    """The clients in the anchor's format: ``x_i`` float32 [m, 784], ``y_i`` int32 [m]."""
+    arrays: dict[str, np.ndarray] = {}
+    for index, client in enumerate(clients):
+        arrays[f"x_{index}"] = client.x
+        arrays[f"y_{index}"] = client.y
+    np.savez(path, **arrays)
+
+
+def tff_python(program: str) -> str:
+    """The TFF venv's interpreter: ``$PROGRAMLOGIC_TFF_PYTHON``, or else the venv that
+    ``setup_tff_venv.sh`` prints on its last line. ``program`` names the caller in errors."""
+    configured = os.environ.get(TFF_PYTHON_VARIABLE)
+    if configured:
+        if not Path(configured).exists():
+            sys.exit(f"{program}: {TFF_PYTHON_VARIABLE}={configured} does not exist")
+        return configured
+    setup = ANCHORS / "setup_tff_venv.sh"
+    if not setup.exists():
+        sys.exit(f"{program}: {setup} is missing (shared/ must sit beside the repo)")
+    done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"{program}: {setup} failed:\n{done.stderr[-2000:]}")
+    venv = done.stdout.strip().splitlines()[-1].strip()
+    return str(Path(venv) / "bin" / "python")
+
+
+def json_lines_of(program: str, command: list[str]) -> list[dict[str, Any]]:
+    """The JSON lines ``command`` (a TFF script) prints; exits if it fails or prints none."""
+    returncode, stdout, stderr = run_anchor_process(command)
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    if returncode != 0 or not lines:
+        sys.exit(f"{program}: {' '.join(command)} failed ({returncode}):\n{stderr[-2000:]}")
+    return lines
+
+
+def max_relative_difference(ours: list[float], theirs: list[float]) -> float:
+    if len(ours) != len(theirs):
+        raise ValueError(f"{len(ours)} losses against {len(theirs)}")
+    return max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(ours, theirs, strict=True))
+
+
+def first(runs: list[dict[str, Any]]) -> float:
+    """Median milliseconds of the first round (tracing, compilation) of ``runs``."""
+    return statistics.median(run["round_s"][0] for run in runs) * 1e3
+
+
+def steady(runs: list[dict[str, Any]]) -> float:
+    """Median milliseconds of the rounds after the first, pooled over ``runs``."""
+    return statistics.median(t for run in runs for t in run["round_s"][1:]) * 1e3
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -1,0 +1,335 @@
+"""Our learning algorithms against TFF 0.87's, on the same data, in the same run.
+
+``fedavg_vs_tff.py`` extended to the other algorithms both systems build (described
+once, for both sides, in ``_algorithms.py``):
+
+- FedAvg with server SGD momentum 0.9, Adam, Adagrad and Yogi
+  (``build_weighted_fed_avg`` with TFF's ``build_sgdm/build_adam/build_adagrad/build_yogi``
+  and our ``sgd/adam/adagrad/yogi``);
+- unweighted FedAvg (``build_unweighted_fed_avg``);
+- FedProx (``build_weighted_fed_prox``, strength 0.1 in TFF's sign: TFF 0.87 adds
+  ``strength * (w_server - w)`` to client gradients, the opposite of the proximal term's
+  gradient, so ours is :class:`~programlogic.learning.FedProx` with the strength
+  negated, which only the class accepts);
+- FedSGD (``build_fed_sgd``);
+- FedAvg whose client deltas are clipped to an L2 global norm before the weighted mean
+  (TFF's ``model_aggregator=clipping_factory(norm, MeanFactory())``, our
+  ``model_aggregator=clipping(norm)``; skipped, and said so, in a checkout without
+  ``programlogic.learning.clipping``).
+
+The clients are ``fedavg_vs_tff.py``'s (N synthetic clients of 100 examples, 784
+uniform float32 features, seed 0; all of equal size, so unweighted FedAvg computes the
+weighted one's numbers by another path). Every round trains all of them, each on its
+examples repeated for 5 epochs in batches of 5 without shuffling (so both systems see
+the same batches), client SGD 0.02, from the zero-initialized 784->10 softmax regression.
+
+For each algorithm in turn: TFF's process runs ``--rounds`` rounds in the TFF venv
+(``_tff_algorithms.py``, a process of its own; ``$PROGRAMLOGIC_TFF_PYTHON`` or else
+``../shared/anchors/setup_tff_venv.sh`` gives its Python; ``--skip-tff`` skips it), then
+ours runs them ``--repeats`` times: a new process each time, bare ``process.next`` in a
+loop inside ``LocalContext``. TFF and ours alternate algorithm by algorithm, so both
+see the machine at about the same moment. A round's time is its ``next`` call; the
+medians are of the rounds after the first (TFF traces, ours compiles with XLA, in the
+first), pooled over the repeats; the first rounds are reported apart. Every round's
+loss (``client_work/train/loss``) of every run of ours must agree with TFF's to 1e-5
+relative, or the script exits with status 1. Prints a table, then one JSON line with
+every number.
+
+    python bench/algorithms_vs_tff.py [--algorithms NAME ...] [--clients 10]
+        [--rounds 30] [--repeats 3] [--workers 2] [--skip-tff]
+
+About 4 minutes on 2 quiet cores with the defaults. In CI (about 2 minutes):
+``python bench/algorithms_vs_tff.py --rounds 3 --repeats 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import anyio
+from _algorithms import ALGORITHMS, BATCH_SIZE, CLIENT_RATE, EPOCHS, Algorithm, Optimizer
+from _tff_comparison import (
+    TOLERANCE,
+    first,
+    json_lines_of,
+    make_clients,
+    max_relative_difference,
+    positive,
+    steady,
+    tff_python,
+    write_npz,
+)
+
+import programlogic.learning as learning
+from programlogic import InMemoryDataSource, LocalContext, Sampling
+from programlogic.datasets.preprocessing import Preprocessing
+from programlogic.learning import (
+    FedProx,
+    FunctionalModel,
+    build_fed_sgd,
+    build_unweighted_fed_avg,
+    build_weighted_fed_avg,
+    softmax_regression,
+)
+from programlogic.learning.keras_model import DEFAULT_LOSS
+
+PROGRAM = "algorithms_vs_tff"
+TFF_SCRIPT = Path(__file__).with_name("_tff_algorithms.py")
+TARGET_SPEEDUP = 10.0
+METRICS = ("sparse_categorical_accuracy",)
+
+
+def our_optimizer(spec: Optimizer) -> learning.Optimizer:
+    """``programlogic.learning``'s ``sgd``, ``adam``, ``adagrad`` or ``yogi``."""
+    rule, learning_rate, keywords = spec
+    return getattr(learning, rule)(learning_rate, **keywords)
+
+
+def missing(algorithm: Algorithm) -> str | None:
+    """Why ours cannot build ``algorithm`` in this checkout, or ``None``."""
+    if algorithm.clip_norm is not None and not hasattr(learning, "clipping"):
+        return "programlogic.learning.clipping is not in this checkout"
+    return None
+
+
+def build_ours(algorithm: Algorithm, clients_per_group: int | None) -> Any:
+    """Our process for ``algorithm``, configured as ``_tff_algorithms.build`` builds TFF's."""
+    model_fn = functools.partial(softmax_regression, (784,), 10)
+    preprocess = Preprocessing(epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle_buffer=0)
+    common: dict[str, Any] = {
+        "preprocess": preprocess,
+        "seed": 0,
+        "clients_per_group": clients_per_group,
+    }
+    server = our_optimizer(algorithm.server)
+    if algorithm.builder == "fed_sgd":
+        return build_fed_sgd(model_fn, server, **common)
+    client = our_optimizer(algorithm.client)
+    if algorithm.builder == "weighted_fed_prox":
+        # TFF's sign: our FedProx with the strength negated (the builders refuse it).
+        return FedProx(
+            FunctionalModel(model_fn, DEFAULT_LOSS, METRICS),
+            client,
+            server,
+            preprocess,
+            0,
+            clients_per_group,
+            proximal_strength=-float(algorithm.proximal_strength or 0.0),
+            client_weighting="num_examples",
+        )
+    if algorithm.clip_norm is not None:
+        common["model_aggregator"] = learning.clipping(algorithm.clip_norm)
+    if algorithm.builder == "weighted_fed_avg":
+        return build_weighted_fed_avg(model_fn, client, server, **common)
+    if algorithm.builder == "unweighted_fed_avg":
+        return build_unweighted_fed_avg(model_fn, client, server, **common)
+    raise ValueError(f"unknown builder {algorithm.builder!r}")
+
+
+async def run_ours(
+    algorithm: Algorithm,
+    source: InMemoryDataSource,
+    rounds: int,
+    workers: int,
+    clients_per_group: int | None,
+) -> dict[str, Any]:
+    """A new process of ours, ``rounds`` bare ``next`` calls: each one's seconds and loss."""
+    process = build_ours(algorithm, clients_per_group)
+    handles = source.all_clients()
+    times, losses = [], []
+    async with LocalContext(max_workers=workers):
+        state = process.initialize()
+        for _ in range(rounds):
+            start = time.perf_counter()
+            output = await process.next(state, handles)
+            times.append(time.perf_counter() - start)
+            state = output.state
+            losses.append(float(output.metrics["client_work"]["train"]["loss"]))
+    return {"round_s": times, "loss": losses}
+
+
+def run_tff(python: str, npz: Path, algorithm: Algorithm, rounds: int) -> dict[str, Any]:
+    """``_tff_algorithms.py``'s JSON line for ``algorithm`` in a TFF process of its own."""
+    command = [
+        python,
+        str(TFF_SCRIPT),
+        "--clients",
+        str(npz),
+        "--rounds",
+        str(rounds),
+        "--algorithms",
+        algorithm.name,
+    ]
+    return json_lines_of(PROGRAM, command)[-1]
+
+
+def compare(
+    algorithm: Algorithm, arguments: argparse.Namespace, python: str | None, npz: Path
+) -> dict[str, Any]:
+    """TFF's run then ours on ``algorithm``: the row of the table (and of the JSON)."""
+    row: dict[str, Any] = {"algorithm": algorithm.name, "label": algorithm.label}
+    row["configuration"] = {
+        "builder": algorithm.builder,
+        "client_optimizer": list(algorithm.client),
+        "server_optimizer": list(algorithm.server),
+        "proximal_strength_tff_sign": algorithm.proximal_strength,
+        "clip_norm": algorithm.clip_norm,
+    }
+    reason = missing(algorithm)
+    if reason is not None:
+        row["skipped"] = reason
+        return row
+    tff = None if python is None else run_tff(python, npz, algorithm, arguments.rounds)
+    source = InMemoryDataSource(
+        {
+            f"client_{index:04d}": client
+            for index, client in enumerate(make_clients(arguments.clients))
+        },
+        sampling=Sampling.FIXED,
+    )
+    runs = [
+        anyio.run(
+            run_ours,
+            algorithm,
+            source,
+            arguments.rounds,
+            arguments.workers,
+            arguments.clients_per_group,
+        )
+        for _ in range(arguments.repeats)
+    ]
+    row.update(
+        ours_first_ms=first(runs),
+        ours_median_ms=steady(runs) if arguments.rounds > 1 else None,
+        ours_round_ms=[[t * 1e3 for t in run["round_s"]] for run in runs],
+        ours_loss=runs[0]["loss"],
+        repeats_loss_rel_diff=max(
+            max_relative_difference(run["loss"], runs[0]["loss"]) for run in runs
+        ),
+    )
+    if tff is not None:
+        row.update(
+            tff_build_init_s=tff["build_init_s"],
+            tff_first_ms=first([tff]),
+            tff_median_ms=steady([tff]) if arguments.rounds > 1 else None,
+            tff_round_ms=[t * 1e3 for t in tff["round_s"]],
+            tff_loss=tff["loss"],
+            loss_rel_diff=max(max_relative_difference(run["loss"], tff["loss"]) for run in runs),
+        )
+        if "clipped_count" in tff:
+            row["tff_clipped_count"] = tff["clipped_count"]
+        if row["tff_median_ms"] is not None:
+            row["speedup"] = row["tff_median_ms"] / row["ours_median_ms"]
+    return row
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    def number(row: dict[str, Any], key: str, form: str) -> str:
+        value = row.get(key)
+        return "-" if value is None else format(value, form)
+
+    header = (
+        "algorithm",
+        "TFF median ms",
+        "ours median ms",
+        "speed-up",
+        "loss max rel diff",
+        "first ms TFF/ours",
+        "TFF clipped clients",
+    )
+    table = [header]
+    for row in rows:
+        if "skipped" in row:
+            table.append((row["algorithm"], *["skipped"] * (len(header) - 1)))
+            continue
+        speedup = number(row, "speedup", ".1f")
+        if row.get("speedup") is not None and row["speedup"] < TARGET_SPEEDUP:
+            speedup += " (<10x)"
+        clipped = row.get("tff_clipped_count")
+        table.append(
+            (
+                row["algorithm"],
+                number(row, "tff_median_ms", ".1f"),
+                number(row, "ours_median_ms", ".1f"),
+                speedup,
+                number(row, "loss_rel_diff", ".2e"),
+                f"{number(row, 'tff_first_ms', '.0f')}/{number(row, 'ours_first_ms', '.0f')}",
+                "-" if clipped is None else f"{sum(clipped)} ({'/'.join(map(str, clipped))})",
+            )
+        )
+    widths = [max(len(line[column]) for line in table) for column in range(len(header))]
+    for index, line in enumerate(table):
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+    for row in rows:
+        if "skipped" in row:
+            print(f"{row['algorithm']} skipped: {row['skipped']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--algorithms", nargs="+", choices=list(ALGORITHMS), default=list(ALGORITHMS)
+    )
+    parser.add_argument("--clients", type=positive, default=10, help="clients, all every round")
+    parser.add_argument("--rounds", type=positive, default=30)
+    parser.add_argument("--repeats", type=positive, default=3, help="runs of ours per algorithm")
+    parser.add_argument("--workers", type=positive, default=2, help="LocalContext max_workers")
+    parser.add_argument(
+        "--clients-per-group",
+        type=positive,
+        help="clients in one compiled call (default: the round split over the workers)",
+    )
+    parser.add_argument("--skip-tff", action="store_true", help="time ours only")
+    arguments = parser.parse_args()
+    python = None if arguments.skip_tff else tff_python(PROGRAM)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="algorithms_vs_tff_") as scratch:
+        npz = Path(scratch) / "clients.npz"
+        write_npz(npz, make_clients(arguments.clients))
+        for name in arguments.algorithms:
+            row = compare(ALGORITHMS[name], arguments, python, npz)
+            rows.append(row)
+            done = row.get("skipped") or f"ours {row['ours_first_ms']:.0f} ms first round"
+            print(f"# {name}: {done}", file=sys.stderr, flush=True)
+    print_table(rows)
+    failed = [row["algorithm"] for row in rows if row.get("loss_rel_diff", 0.0) > TOLERANCE]
+    slow = [row["algorithm"] for row in rows if row.get("speedup", TARGET_SPEEDUP) < TARGET_SPEEDUP]
+    print(
+        json.dumps(
+            {
+                "benchmark": "algorithms vs tff",
+                "data": "synthetic, 100 examples of 784 uniform float32 per client, seed 0",
+                "clients": arguments.clients,
+                "rounds": arguments.rounds,
+                "repeats": arguments.repeats,
+                "workers": arguments.workers,
+                "clients_per_group": arguments.clients_per_group,
+                "epochs": EPOCHS,
+                "batch_size": BATCH_SIZE,
+                "client_rate": CLIENT_RATE,
+                "tolerance": TOLERANCE,
+                "losses_agree": not failed,
+                "below_target_speedup": slow,
+                "skipped": [row["algorithm"] for row in rows if "skipped" in row],
+                "rows": rows,
+            }
+        )
+    )
+    if failed:
+        sys.exit(f"{PROGRAM}: losses differ from TFF's by more than {TOLERANCE} relative: {failed}")
+
+
+if __name__ == "__main__":
+    main()
