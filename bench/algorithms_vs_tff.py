@@ -146,16 +146,19 @@ async def run_ours(
     """A new process of ours, ``rounds`` bare ``next`` calls: each one's seconds and loss."""
     process = build_ours(algorithm, clients_per_group)
     handles = source.all_clients()
-    times, losses = [], []
+    result: dict[str, Any] = {"round_s": [], "loss": []}
     async with LocalContext(max_workers=workers):
         state = process.initialize()
         for _ in range(rounds):
             start = time.perf_counter()
             output = await process.next(state, handles)
-            times.append(time.perf_counter() - start)
+            result["round_s"].append(time.perf_counter() - start)
             state = output.state
-            losses.append(float(output.metrics["client_work"]["train"]["loss"]))
-    return {"round_s": times, "loss": losses}
+            result["loss"].append(float(output.metrics["client_work"]["train"]["loss"]))
+            if algorithm.clip_norm is not None:
+                clipped = output.metrics["aggregator"]["clipped_count"]
+                result.setdefault("clipped_count", []).append(int(clipped))
+    return result
 
 
 def run_tff(python: str, npz: Path, algorithm: Algorithm, rounds: int) -> dict[str, Any]:
@@ -208,6 +211,8 @@ def compare(
         )
         for _ in range(arguments.repeats)
     ]
+    if "clipped_count" in runs[0]:
+        row["ours_clipped_count"] = runs[0]["clipped_count"]
     row.update(
         ours_first_ms=first(runs),
         ours_median_ms=steady(runs) if arguments.rounds > 1 else None,
@@ -228,9 +233,24 @@ def compare(
         )
         if "clipped_count" in tff:
             row["tff_clipped_count"] = tff["clipped_count"]
+            row["clipped_counts_agree"] = all(
+                run["clipped_count"] == tff["clipped_count"] for run in runs
+            )
         if row["tff_median_ms"] is not None:
             row["speedup"] = row["tff_median_ms"] / row["ours_median_ms"]
     return row
+
+
+def clipped_cell(row: dict[str, Any]) -> str:
+    """Clipped clients over all rounds, TFF's then ours in parentheses when they differ."""
+    cells = []
+    for key in ("tff_clipped_count", "ours_clipped_count"):
+        if key in row:
+            counts = row[key]
+            cells.append(f"{sum(counts)} in {sum(1 for c in counts if c)} rounds")
+    if len(cells) == 2 and row["tff_clipped_count"] == row["ours_clipped_count"]:
+        return cells[0] + " (same)"
+    return cells[0] if len(cells) == 1 else f"{cells[0]} ({cells[1]})"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -245,7 +265,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "speed-up",
         "loss max rel diff",
         "first ms TFF/ours",
-        "TFF clipped clients",
+        "clipped clients TFF (ours)",
     )
     table = [header]
     for row in rows:
@@ -255,7 +275,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         speedup = number(row, "speedup", ".1f")
         if row.get("speedup") is not None and row["speedup"] < TARGET_SPEEDUP:
             speedup += " (<10x)"
-        clipped = row.get("tff_clipped_count")
+        clipped = row.get("tff_clipped_count", row.get("ours_clipped_count"))
         table.append(
             (
                 row["algorithm"],
@@ -264,7 +284,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 speedup,
                 number(row, "loss_rel_diff", ".2e"),
                 f"{number(row, 'tff_first_ms', '.0f')}/{number(row, 'ours_first_ms', '.0f')}",
-                "-" if clipped is None else f"{sum(clipped)} ({'/'.join(map(str, clipped))})",
+                "-" if clipped is None else clipped_cell(row),
             )
         )
     widths = [max(len(line[column]) for line in table) for column in range(len(header))]
@@ -304,7 +324,11 @@ def main() -> None:
             done = row.get("skipped") or f"ours {row['ours_first_ms']:.0f} ms first round"
             print(f"# {name}: {done}", file=sys.stderr, flush=True)
     print_table(rows)
-    failed = [row["algorithm"] for row in rows if row.get("loss_rel_diff", 0.0) > TOLERANCE]
+    failed = [
+        row["algorithm"]
+        for row in rows
+        if row.get("loss_rel_diff", 0.0) > TOLERANCE or not row.get("clipped_counts_agree", True)
+    ]
     slow = [row["algorithm"] for row in rows if row.get("speedup", TARGET_SPEEDUP) < TARGET_SPEEDUP]
     print(
         json.dumps(
@@ -328,7 +352,10 @@ def main() -> None:
         )
     )
     if failed:
-        sys.exit(f"{PROGRAM}: losses differ from TFF's by more than {TOLERANCE} relative: {failed}")
+        sys.exit(
+            f"{PROGRAM}: losses differ from TFF's by more than {TOLERANCE} relative, or "
+            f"clipped counts differ: {failed}"
+        )
 
 
 if __name__ == "__main__":
