@@ -3,6 +3,11 @@
 Run with the Python of the TFF venv (``../shared/anchors/setup_tff_venv.sh``):
 
     python bench/_tff_algorithms.py --clients FILE.npz --rounds R --algorithms NAME...
+    python bench/_tff_algorithms.py --clients FILE.npz --rounds R --serve
+
+With ``--serve`` it reads the names from stdin, one a line, and answers each line as
+soon as it is done (``algorithms_vs_tff.py`` alternates TFF's runs with its own without
+importing TensorFlow and TFF again for each algorithm); it ends at the end of stdin.
 
 ``FILE.npz`` holds ``x_0, y_0, x_1, ...`` (float32 [m, 784], int32 [m]). For each
 algorithm of ``_algorithms.ALGORITHMS`` named, in order: builds TFF's process for the
@@ -20,6 +25,7 @@ import argparse
 import collections
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -129,10 +135,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", required=True, help=".npz of x_0, y_0, x_1, ...")
     parser.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS), required=True)
+    names = parser.add_mutually_exclusive_group(required=True)
+    names.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS))
+    names.add_argument(
+        "--serve", action="store_true", help="read algorithm names from stdin, one a line"
+    )
     arguments = parser.parse_args()
     datasets = load_datasets(arguments.clients)
-    for name in arguments.algorithms:
+    for name in sys.stdin if arguments.serve else arguments.algorithms:
+        name = name.strip()
+        if name not in ALGORITHMS:
+            raise SystemExit(f"_tff_algorithms: unknown algorithm {name!r}")
         print(json.dumps(run(ALGORITHMS[name], datasets, arguments.rounds)), flush=True)
 
 

@@ -7,13 +7,19 @@ find the TFF venv the same way and summarize rounds the same way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import queue
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from _anchor_process import run_anchor_process
@@ -73,6 +79,74 @@ def json_lines_of(program: str, command: list[str]) -> list[dict[str, Any]]:
     if returncode != 0 or not lines:
         sys.exit(f"{program}: {' '.join(command)} failed ({returncode}):\n{stderr[-2000:]}")
     return lines
+
+
+class AnchorSession:
+    """A TFF script that answers each line written to its stdin with one JSON line.
+
+    Its stdout is read by a thread: TFF's worker_binary keeps that pipe open after the
+    script has ended, so a script that dies is noticed by polling it, not by the end of
+    its output.
+    """
+
+    def __init__(self, program: str, command: list[str], stderr: IO[str]) -> None:
+        self.program, self.command, self.stderr = program, command, stderr
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, name="anchor-stdout", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self.lines.put(line)
+
+    def ask(self, line: str) -> dict[str, Any]:
+        """Writes ``line``; the next JSON line the script prints (exits if it ends first)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        while True:
+            try:
+                return json.loads(self.lines.get(timeout=1.0))
+            except queue.Empty:
+                if self.process.poll() is not None and self.lines.empty():
+                    break
+        self.stderr.seek(0)
+        sys.exit(
+            f"{self.program}: {' '.join(self.command)} ended ({self.process.returncode}) "
+            f"before answering {line!r}:\n{self.stderr.read()[-2000:]}"
+        )
+
+    def close(self) -> None:
+        """Ends the script's stdin, waits for it, then ends what is left of its session."""
+        assert self.process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait()
+
+
+@contextlib.contextmanager
+def anchor_session(program: str, command: list[str]) -> Iterator[AnchorSession]:
+    """``command`` running in a session of its own (see
+    ``_anchor_process.run_anchor_process``) until the block ends."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        session = AnchorSession(program, command, stderr)
+        try:
+            yield session
+        finally:
+            session.close()
 
 
 def max_relative_difference(ours: list[float], theirs: list[float]) -> float:

@@ -24,7 +24,8 @@ examples repeated for 5 epochs in batches of 5 without shuffling (so both system
 the same batches), client SGD 0.02, from the zero-initialized 784->10 softmax regression.
 
 For each algorithm in turn: TFF's process runs ``--rounds`` rounds in the TFF venv
-(``_tff_algorithms.py``, a process of its own; ``$PROGRAMLOGIC_TFF_PYTHON`` or else
+(``_tff_algorithms.py --serve``, one Python process for all the algorithms, each
+algorithm a new TFF process; ``$PROGRAMLOGIC_TFF_PYTHON`` or else
 ``../shared/anchors/setup_tff_venv.sh`` gives its Python; ``--skip-tff`` skips it), then
 ours runs them ``--repeats`` times: a new process each time, bare ``process.next`` in a
 loop inside ``LocalContext``. TFF and ours alternate algorithm by algorithm, so both
@@ -38,13 +39,14 @@ every number.
     python bench/algorithms_vs_tff.py [--algorithms NAME ...] [--clients 10]
         [--rounds 30] [--repeats 3] [--workers 2] [--skip-tff]
 
-About 4 minutes on 2 quiet cores with the defaults. In CI (about 2 minutes):
+In CI (1.5 minutes on a loaded machine):
 ``python bench/algorithms_vs_tff.py --rounds 3 --repeats 1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -60,8 +62,9 @@ import anyio
 from _algorithms import ALGORITHMS, BATCH_SIZE, CLIENT_RATE, EPOCHS, Algorithm, Optimizer
 from _tff_comparison import (
     TOLERANCE,
+    AnchorSession,
+    anchor_session,
     first,
-    json_lines_of,
     make_clients,
     max_relative_difference,
     positive,
@@ -161,23 +164,8 @@ async def run_ours(
     return result
 
 
-def run_tff(python: str, npz: Path, algorithm: Algorithm, rounds: int) -> dict[str, Any]:
-    """``_tff_algorithms.py``'s JSON line for ``algorithm`` in a TFF process of its own."""
-    command = [
-        python,
-        str(TFF_SCRIPT),
-        "--clients",
-        str(npz),
-        "--rounds",
-        str(rounds),
-        "--algorithms",
-        algorithm.name,
-    ]
-    return json_lines_of(PROGRAM, command)[-1]
-
-
 def compare(
-    algorithm: Algorithm, arguments: argparse.Namespace, python: str | None, npz: Path
+    algorithm: Algorithm, arguments: argparse.Namespace, tff_session: AnchorSession | None
 ) -> dict[str, Any]:
     """TFF's run then ours on ``algorithm``: the row of the table (and of the JSON)."""
     row: dict[str, Any] = {"algorithm": algorithm.name, "label": algorithm.label}
@@ -192,7 +180,7 @@ def compare(
     if reason is not None:
         row["skipped"] = reason
         return row
-    tff = None if python is None else run_tff(python, npz, algorithm, arguments.rounds)
+    tff = None if tff_session is None else tff_session.ask(algorithm.name)
     source = InMemoryDataSource(
         {
             f"client_{index:04d}": client
@@ -313,13 +301,18 @@ def main() -> None:
     )
     parser.add_argument("--skip-tff", action="store_true", help="time ours only")
     arguments = parser.parse_args()
-    python = None if arguments.skip_tff else tff_python(PROGRAM)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="algorithms_vs_tff_") as scratch:
-        npz = Path(scratch) / "clients.npz"
-        write_npz(npz, make_clients(arguments.clients))
+    with contextlib.ExitStack() as stack:
+        tff_session = None
+        if not arguments.skip_tff:
+            scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"{PROGRAM}_"))
+            npz = Path(scratch) / "clients.npz"
+            write_npz(npz, make_clients(arguments.clients))
+            command = [tff_python(PROGRAM), str(TFF_SCRIPT), "--clients", str(npz)]
+            command += ["--rounds", str(arguments.rounds), "--serve"]
+            tff_session = stack.enter_context(anchor_session(PROGRAM, command))
         for name in arguments.algorithms:
-            row = compare(ALGORITHMS[name], arguments, python, npz)
+            row = compare(ALGORITHMS[name], arguments, tff_session)
             rows.append(row)
             done = row.get("skipped") or f"ours {row['ours_first_ms']:.0f} ms first round"
             print(f"# {name}: {done}", file=sys.stderr, flush=True)
