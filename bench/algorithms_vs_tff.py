@@ -14,8 +14,8 @@ once, for both sides, in ``_algorithms.py``):
 - FedSGD (``build_fed_sgd``);
 - FedAvg whose client deltas are clipped to an L2 global norm before the weighted mean
   (TFF's ``model_aggregator=clipping_factory(norm, MeanFactory())``, our
-  ``model_aggregator=clipping(norm)``; skipped, and said so, in a checkout without
-  ``programlogic.learning.clipping``).
+  ``model_aggregator=clipping(norm)``); the number of clients clipped each round must
+  be TFF's too.
 
 The clients are ``fedavg_vs_tff.py``'s (N synthetic clients of 100 examples, 784
 uniform float32 features, seed 0; all of equal size, so unweighted FedAvg computes the
@@ -101,13 +101,6 @@ def our_optimizer(spec: Optimizer) -> learning.Optimizer:
     return getattr(learning, rule)(learning_rate, **keywords)
 
 
-def missing(algorithm: Algorithm) -> str | None:
-    """Why ours cannot build ``algorithm`` in this checkout, or ``None``."""
-    if algorithm.clip_norm is not None and not hasattr(learning, "clipping"):
-        return "programlogic.learning.clipping is not in this checkout"
-    return None
-
-
 def build_ours(algorithm: Algorithm, clients_per_group: int | None) -> Any:
     """Our process for ``algorithm``, configured as ``_tff_algorithms.build`` builds TFF's."""
     model_fn = functools.partial(softmax_regression, (784,), 10)
@@ -179,10 +172,6 @@ def compare(
         "proximal_strength_tff_sign": algorithm.proximal_strength,
         "clip_norm": algorithm.clip_norm,
     }
-    reason = missing(algorithm)
-    if reason is not None:
-        row["skipped"] = reason
-        return row
     tff = None if tff_session is None else tff_session.ask(algorithm.name)
     source = InMemoryDataSource(
         {
@@ -260,9 +249,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     )
     table = [header]
     for row in rows:
-        if "skipped" in row:
-            table.append((row["algorithm"], *["skipped"] * (len(header) - 1)))
-            continue
         speedup = number(row, "speedup", ".1f")
         if row.get("speedup") is not None and row["speedup"] < TARGET_SPEEDUP:
             speedup += " (<10x)"
@@ -283,9 +269,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
         if index == 0:
             print("  ".join("-" * width for width in widths))
-    for row in rows:
-        if "skipped" in row:
-            print(f"{row['algorithm']} skipped: {row['skipped']}")
 
 
 def main() -> None:
@@ -317,8 +300,7 @@ def main() -> None:
         for name in arguments.algorithms:
             row = compare(ALGORITHMS[name], arguments, tff_session)
             rows.append(row)
-            done = row.get("skipped") or "done"
-            print(f"# {name}: {done}", file=sys.stderr, flush=True)
+            print(f"# {name}: done", file=sys.stderr, flush=True)
     print_table(rows)
     failed = [
         row["algorithm"]
@@ -342,7 +324,6 @@ def main() -> None:
                 "tolerance": TOLERANCE,
                 "losses_agree": not failed,
                 "below_target_speedup": slow,
-                "skipped": [row["algorithm"] for row in rows if "skipped" in row],
                 "rows": rows,
             }
         )
