@@ -42,7 +42,7 @@ every number.
     python bench/algorithms_vs_tff.py [--algorithms NAME ...] [--clients 10]
         [--rounds 30] [--repeats 3] [--workers 2] [--skip-tff]
 
-In CI (1.5 minutes on a loaded machine):
+The defaults take 2.7 minutes (3.8 under heavy load). In CI (1.5 minutes under load):
 ``python bench/algorithms_vs_tff.py --rounds 3 --repeats 1``.
 """
 
