@@ -57,12 +57,15 @@ class Aggregate:
     ``update``: the update the server optimizer applies, one array per trainable
     weight (any float dtype; cast to the weight's), or None when no client counted
     (the model then stays as it was). ``state``: the aggregator's state for the next
-    round. ``measurements``: numbers released under the round's ``aggregator`` metrics.
+    round. ``measurements``: numbers released under the round's ``aggregator`` metrics;
+    ``metrics``: groups of numbers released beside the process's own (``{"privacy":
+    {...}}`` becomes the round's ``privacy/...`` metrics).
     """
 
     update: list[np.ndarray] | None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 class ModelAggregator(abc.ABC):

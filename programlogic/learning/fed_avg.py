@@ -283,6 +283,10 @@ class WeightedFedAvg(GroupedProcess):
         }
         if aggregate.measurements:
             metrics["aggregator"] = aggregate.measurements
+        taken = set(aggregate.metrics) & set(metrics)
+        if taken:
+            raise ValueError(f"the model aggregator's metrics reuse the process's {sorted(taken)}")
+        metrics.update(aggregate.metrics)
         return LearningProcessOutput(new_state, metrics)
 
 
