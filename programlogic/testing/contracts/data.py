@@ -49,8 +49,8 @@ class FederatedDataSourceContract(Contract):
     equally configured on every call. Set ``distinct_clients = False`` for a source
     that samples with replacement (a round may then hold a client twice),
     ``exact_round_size = False`` for one whose rounds hold ``k`` clients only on average
-    (Poisson sampling), and ``loaders_pickle = False`` for a source whose loaders cannot travel to another
-    process (it then only works with in-process contexts).
+    (Poisson sampling), and ``loaders_pickle = False`` for a source whose loaders cannot
+    travel to another process (it then only works with in-process contexts).
     """
 
     distinct_clients: bool = True
