@@ -66,7 +66,7 @@ _WITH_REPLACEMENT_REFUSED = (
 )
 
 
-def dp_accounting() -> ModuleType:
+def _dp_accounting() -> ModuleType:
     """The ``dp_accounting`` package; an ImportError naming the extra when it is missing."""
     try:
         return importlib.import_module("dp_accounting")
@@ -140,7 +140,7 @@ class GaussianMechanism:
     def dp_event(self, rounds: int) -> Any:
         """The ``dp_accounting.DpEvent`` of ``rounds`` rounds (a ``SelfComposedDpEvent``)."""
         check_int("rounds", rounds, minimum=0)
-        dp = dp_accounting()
+        dp = _dp_accounting()
         gaussian = dp.GaussianDpEvent(self.noise_multiplier)
         if self.sampling == "poisson":
             round_event = dp.PoissonSampledDpEvent(self.sampling_probability, gaussian)
@@ -174,7 +174,7 @@ def _epsilon(mechanism: GaussianMechanism, rounds: int, delta: float) -> float:
         return 0.0
     if mechanism.noise_multiplier == 0:
         return math.inf
-    dp = dp_accounting()
+    dp = _dp_accounting()
     relation = (
         dp.NeighboringRelation.REPLACE_ONE
         if mechanism.adjacency == _REPLACE_ONE
