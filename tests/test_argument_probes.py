@@ -675,6 +675,37 @@ def probes() -> list[Probe]:
             ],
         ),
         (
+            "dp_mean",
+            lambda **arguments: learning().dp_mean(**arguments),
+            lambda: {
+                "mechanism": importlib.import_module("programlogic.privacy").GaussianMechanism(
+                    1.0, num_clients=100, clients_per_round=10
+                ),
+                "clip": 0.5,
+                "delta": 1e-5,
+            },
+            [
+                ("mechanism", 1.0, TypeError),
+                ("clip", 0.0, ValueError),
+                ("clip", "0.5", TypeError),
+                ("delta", 1.0, ValueError),
+                ("delta", 0.0, ValueError),
+                ("secret", "s", TypeError),
+            ],
+        ),
+        (
+            "adaptive_clipping",
+            lambda **arguments: learning().adaptive_clipping(**arguments),
+            dict,
+            [
+                ("initial_clip", 0.0, ValueError),
+                ("target_quantile", 1.5, ValueError),
+                ("learning_rate", -0.1, ValueError),
+                ("count_stddev", -1.0, ValueError),
+                ("count_stddev", "1", TypeError),
+            ],
+        ),
+        (
             "median",
             lambda **arguments: learning().median(**arguments),
             dict,

@@ -24,16 +24,19 @@ from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import (
     FedProx,
     FunctionalModel,
+    adaptive_clipping,
     build_fed_sgd,
     build_unweighted_fed_avg,
     build_unweighted_fed_prox,
     build_weighted_fed_avg,
     build_weighted_fed_prox,
     clipping,
+    dp_mean,
     sgd,
     softmax_regression,
 )
 from programlogic.learning.keras_model import DEFAULT_LOSS
+from programlogic.privacy import GaussianMechanism
 
 PROXIMAL_STRENGTH = 0.5
 CLIP_NORM = 0.3
@@ -67,6 +70,14 @@ def build(algorithm: str, features: int, classes: int, preprocess: Preprocessing
         )
     if algorithm == "unweighted_fed_avg":
         return build_unweighted_fed_avg(model_fn, *optimizers, preprocess=preprocess)
+    if algorithm.startswith("dp_"):
+        # No noise, every client every round: TFF's gaussian_fixed / gaussian_adaptive.
+        mechanism = GaussianMechanism(0.0, num_clients=5, clients_per_round=5, sampling="fixed")
+        clip = adaptive_clipping(CLIP_NORM) if algorithm == "dp_adaptive_fed_avg" else CLIP_NORM
+        aggregator = dp_mean(mechanism, clip, delta=1e-5)
+        return build_unweighted_fed_avg(
+            model_fn, *optimizers, preprocess=preprocess, model_aggregator=aggregator
+        )
     if algorithm == "clipped_fed_avg":
         return build_weighted_fed_avg(
             model_fn, *optimizers, preprocess=preprocess, model_aggregator=clipping(CLIP_NORM)

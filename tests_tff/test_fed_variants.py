@@ -87,6 +87,20 @@ def tff_process(algorithm: str) -> tff.learning.templates.LearningProcess:
         )
     if algorithm == "unweighted_fed_avg":
         return algorithms.build_unweighted_fed_avg(softmax_model_fn, **optimizers)
+    if algorithm == "dp_fixed_fed_avg":
+        dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+            noise_multiplier=0.0, clients_per_round=CLIENTS, clip=CLIP_NORM
+        )
+        return algorithms.build_unweighted_fed_avg(
+            softmax_model_fn, model_aggregator=dp, **optimizers
+        )
+    if algorithm == "dp_adaptive_fed_avg":
+        dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+            noise_multiplier=0.0, clients_per_round=CLIENTS, initial_l2_norm_clip=CLIP_NORM
+        )
+        return algorithms.build_unweighted_fed_avg(
+            softmax_model_fn, model_aggregator=dp, **optimizers
+        )
     if algorithm.startswith("clipped_"):
         inner = tff.aggregators.MeanFactory()
         if algorithm == "clipped_unweighted_fed_avg":
@@ -165,6 +179,8 @@ def python_or_skip() -> str:
         "fed_sgd",
         "clipped_fed_avg",
         "clipped_unweighted_fed_avg",
+        "dp_fixed_fed_avg",
+        "dp_adaptive_fed_avg",
     ],
 )
 async def test_losses_and_model_equal_tffs(algorithm: str, tmp_path: Path) -> None:

@@ -16,33 +16,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import secrets
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from managers.validation import check_number, check_type
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.aggregators import Aggregate, ModelAggregator, Partial
+from programlogic.privacy import GaussianMechanism
 
-__all__ = ["AdaptiveClipping", "DPMean", "Mechanism", "adaptive_clipping", "dp_mean"]
+__all__ = ["AdaptiveClipping", "DPMean", "adaptive_clipping", "dp_mean"]
 
 SECRET_WORDS = 4
 """The noise secret's size in 32-bit words (128 bits)."""
-
-
-class Mechanism(Protocol):
-    """What the aggregator needs of a privacy mechanism
-    (:class:`~programlogic.privacy.GaussianMechanism` is one)."""
-
-    noise_multiplier: float
-    clients_per_round: int
-
-    @property
-    def sensitivity_factor(self) -> float: ...
-
-    def epsilon(self, rounds: int, delta: float) -> float: ...
-
-    def describe(self) -> dict[str, Any]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +95,7 @@ class DPMean(ModelAggregator):
     epsilon for ``delta`` after the rounds run so far, computed by the mechanism.
     """
 
-    mechanism: Any
+    mechanism: GaussianMechanism
     clip: float | AdaptiveClipping
     delta: float
     secret: int | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -233,7 +219,7 @@ class DPMean(ModelAggregator):
 
 
 def dp_mean(
-    mechanism: Any,
+    mechanism: GaussianMechanism,
     clip: float | AdaptiveClipping,
     *,
     delta: float,
@@ -247,11 +233,7 @@ def dp_mean(
     Raises ValueError when an adaptive clip's count noise is too small for the
     mechanism's noise multiplier (``noise_multiplier >= 2 * count_stddev``).
     """
-    for name in ("noise_multiplier", "clients_per_round", "sensitivity_factor"):
-        if not hasattr(mechanism, name):
-            raise TypeError(
-                f"mechanism must be a GaussianMechanism, got {type(mechanism).__name__}"
-            )
+    check_type("mechanism", mechanism, GaussianMechanism)
     if not isinstance(clip, AdaptiveClipping):
         clip = float(check_number("clip", clip, above=0, finite=True))
     check_number("delta", delta, above=0, below=1)

@@ -166,7 +166,7 @@ async def test_the_count_noise_takes_its_share_of_the_privacy() -> None:
     value_multiplier, count_stddev = aggregator._noise_multipliers()
     assert count_stddev == 1.0
     assert value_multiplier == pytest.approx((1.0 - 0.25) ** -0.5)
-    with pytest.raises(ValueError, match="count_stddev 0.25 is too small"):
+    with pytest.raises(ValueError, match=r"count_stddev 0\.25 is too small"):
         dp_mean(mechanism(1.0), adaptive_clipping(count_stddev=0.25), delta=DELTA)
 
 
