@@ -138,6 +138,14 @@ class DPMean(ModelAggregator):
             "below": tf.reduce_sum(within * counted),
         }
 
+    def empty_round(self, trainable: list[np.ndarray]) -> Partial:
+        """Zero sums: a round that sampled no client still adds noise and counts."""
+        return {
+            "sum": [np.zeros(np.shape(weight), np.float64) for weight in trainable],
+            "count": 0.0,
+            "below": 0.0,
+        }
+
     def merge(self, total: Partial | None, partial: Partial) -> Partial:
         """The sums and counts added."""
         if total is None:

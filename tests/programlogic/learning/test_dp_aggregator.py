@@ -220,3 +220,19 @@ async def test_the_secret_is_never_released_logged_or_described(caplog) -> None:
     for text in (released, caplog.text, described):
         assert str(SECRET) not in text and hex(SECRET)[2:] not in text.lower()
         assert not any(word in text for word in words)
+
+
+async def test_a_round_that_sampled_nobody_adds_noise_and_counts() -> None:
+    built = process(dp_mean(mechanism(1.0), 0.05, delta=DELTA, secret=SECRET))
+    state = built.set_model_weights(built.initialize(), known_weights())
+    async with LocalContext(max_workers=2):
+        output = await built.next(state, [])
+    assert int(output.state["aggregator"]["rounds"]) == 1 and output.state["round"] == 1
+    assert output.metrics["privacy"]["rounds"] == 1
+    assert output.metrics["client_work"]["train"]["num_examples"] == 0
+    moved = output.state["model"]["trainable"][0] - known_weights()["trainable"][0]
+    assert np.std(moved * len(SIZES)) == pytest.approx(0.05, rel=0.5)
+    plain = process(None)
+    async with LocalContext(max_workers=2):
+        with pytest.raises(ValueError, match="needs at least one client"):
+            await plain.next(plain.initialize(), [])
