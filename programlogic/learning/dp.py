@@ -251,6 +251,8 @@ def dp_mean(
     if count_stddev and mechanism.noise_multiplier >= 2 * count_stddev:
         raise ValueError(
             f"adaptive clipping's count_stddev {count_stddev} is too small for the noise "
-            f"multiplier {mechanism.noise_multiplier}: it must be above half of it"
+            f"multiplier {mechanism.noise_multiplier}: it must be above half of it (pass "
+            f"adaptive_clipping(count_stddev=...) above {mechanism.noise_multiplier / 2:g}; "
+            "by default it is 0.05 x clients_per_round)"
         )
     return aggregator
