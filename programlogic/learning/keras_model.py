@@ -108,9 +108,10 @@ class FunctionalModel:
         """The model's input shape, layers, loss and metrics, as a JSON-able dict.
 
         Each layer by its class name, the shapes and dtypes of its weights, its dtype
-        policy and, where it has them, its activation (by name), padding, strides and
-        pool size; a nested model by its own layers. Made of values that do not change
-        across Keras versions (no ``to_json``, no generated layer names).
+        policy and, where it has them, its activation (by name), padding, strides, pool
+        size, rate (dropout's) and stddev (noise's); a nested model by its own layers.
+        Made of values that do not change across Keras versions (no ``to_json``, no
+        generated layer names).
         """
         loss: dict[str, Any] = {"class": type(self.loss).__name__}
         if isinstance(getattr(self.loss, "from_logits", None), bool):
@@ -277,7 +278,7 @@ def _loss_settings(loss: Any) -> dict[str, Any]:
     }
 
 
-_LAYER_SETTINGS = ("activation", "padding", "strides", "pool_size")
+_LAYER_SETTINGS = ("activation", "padding", "strides", "pool_size", "rate", "stddev")
 """Layer attributes that change what a layer computes without changing its weights."""
 
 

@@ -99,6 +99,13 @@ async def test_each_seed_generator_gets_its_own_state_from_the_client_seed() -> 
     assert FunctionalModel(PLAIN, "sparse_categorical_crossentropy").random_slots == ()
 
 
+async def test_the_configuration_names_the_dropout_rate_and_the_noise() -> None:
+    # A resumed run with another rate is refused: the layers' settings are recorded.
+    layers = process("fed_avg").describe_configuration()["model"]["layers"]
+    assert layers[1]["class"] == "Dropout" and layers[1]["rate"] == 0.5
+    assert layers[2]["class"] == "GaussianNoise" and layers[2]["stddev"] == 0.3
+
+
 @pytest.mark.parametrize("name", list(BUILDERS))
 async def test_two_clients_with_the_same_data_in_one_group_draw_different_masks(
     name: str,
