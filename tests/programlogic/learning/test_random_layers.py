@@ -30,7 +30,7 @@ from programlogic.learning import (
     build_weighted_fed_prox,
     sgd,
 )
-from programlogic.learning.keras_model import FunctionalModel
+from programlogic.learning.keras_model import FunctionalModel, stack_clients
 from programlogic.testing import CrashingStateManager, SimulatedCrash
 
 pytestmark = pytest.mark.anyio
@@ -97,6 +97,19 @@ async def test_each_seed_generator_gets_its_own_state_from_the_client_seed() -> 
     np.testing.assert_array_equal(states, model.random_states(7))
     assert ((states >= 0) & (states < 2**30)).all()
     assert FunctionalModel(PLAIN, "sparse_categorical_crossentropy").random_slots == ()
+
+
+async def test_a_group_stacks_each_client_states_and_zeros_for_padding_clients() -> None:
+    model = FunctionalModel(NOISY, "sparse_categorical_crossentropy")
+    datas = [make_client(3, 0), make_client(6, 1)]
+    examples = [UNSHUFFLED.examples(data) for data in datas]
+    orders = [UNSHUFFLED.order(len(data.y), 0) for data in datas]
+    states = [model.random_states(11), model.random_states(12)]
+    group = stack_clients(examples, orders, 3, states)
+    assert group.random_states.shape == (3, 2, 2) and group.random_states.dtype == np.int64
+    np.testing.assert_array_equal(group.random_states[:2], states)
+    assert not group.random_states[2].any()
+    assert stack_clients(examples, orders, 3).random_states.shape == (3, 0, 2)
 
 
 async def test_the_configuration_names_the_dropout_rate_and_the_noise() -> None:
