@@ -14,6 +14,11 @@
   and 1.39 with 0.01).
 
 The client optimizer is SGD with ``--client-lr`` for every algorithm.
+
+``--aggregator`` picks how the client deltas are combined: ``mean`` (weighted by
+examples, the default), or the robust ``median`` and ``trimmed_mean`` (beta 0.2), which
+hold when a minority of clients send arbitrary updates; ``--clip-norm C`` first clips
+each client's delta to the L2 norm C.
 """
 
 from __future__ import annotations
@@ -23,16 +28,23 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "AGGREGATORS",
     "ALGORITHMS",
     "DEFAULT_PROXIMAL_STRENGTH",
     "SERVER_LEARNING_RATES",
     "build_process",
+    "model_aggregator",
     "resolve_algorithm_flags",
     "server_optimizer",
 ]
 
 ALGORITHMS = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
 """The values of ``--algorithm``."""
+
+AGGREGATORS = ("mean", "median", "trimmed_mean")
+"""The values of ``--aggregator``."""
+
+TRIMMED_FRACTION = 0.2
 
 SERVER_LEARNING_RATES = {
     "fedavg": 1.0,
@@ -78,6 +90,18 @@ def server_optimizer(algorithm: str, learning_rate: float) -> Any:
     return sgd(learning_rate)
 
 
+def model_aggregator(aggregator: str, clip_norm: float | None) -> Any:
+    """The model aggregator ``--aggregator`` and ``--clip-norm`` name."""
+    from programlogic.learning import clipping, mean, median, trimmed_mean
+
+    inner = {
+        "mean": mean,
+        "median": median,
+        "trimmed_mean": lambda: trimmed_mean(TRIMMED_FRACTION),
+    }[aggregator]()
+    return inner if clip_norm is None else clipping(clip_norm, inner)
+
+
 def build_process(arguments: argparse.Namespace, model_fn: Callable[[], Any]) -> Any:
     """The training process the flags name, for the model ``model_fn`` builds."""
     from programlogic.datasets import Preprocessing
@@ -88,6 +112,7 @@ def build_process(arguments: argparse.Namespace, model_fn: Callable[[], Any]) ->
     )
     client = sgd(arguments.client_lr)
     server = server_optimizer(arguments.algorithm, arguments.server_lr)
+    aggregator = model_aggregator(arguments.aggregator, arguments.clip_norm)
     if arguments.algorithm == "fedprox":
         return build_weighted_fed_prox(
             model_fn,
@@ -96,7 +121,13 @@ def build_process(arguments: argparse.Namespace, model_fn: Callable[[], Any]) ->
             server,
             preprocess=preprocess,
             seed=arguments.seed,
+            model_aggregator=aggregator,
         )
     return build_weighted_fed_avg(
-        model_fn, client, server, preprocess=preprocess, seed=arguments.seed
+        model_fn,
+        client,
+        server,
+        preprocess=preprocess,
+        seed=arguments.seed,
+        model_aggregator=aggregator,
     )

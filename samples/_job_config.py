@@ -37,11 +37,18 @@ RUN_DEFINING = (
     "algorithm",
     "server_lr",
     "proximal_strength",
+    "aggregator",
+    "clip_norm",
     "seed",
 )
 """The flags a rerun must repeat to resume; the others may change between runs."""
 
-_RECORDED_LATER = {"algorithm": "fedavg", "proximal_strength": None}
+_RECORDED_LATER = {
+    "algorithm": "fedavg",
+    "proximal_strength": None,
+    "aggregator": "mean",
+    "clip_norm": None,
+}
 """Defining flags added after runs were recorded without them: what those runs used."""
 
 _FILE_NAME = "config.json"

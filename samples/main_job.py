@@ -20,7 +20,8 @@ after the last saved round and ends with the model an uninterrupted run gives. A
 
     python samples/main_job.py [--rounds 50] [--dataset digits] [--model softmax] ...
 
-``--algorithm fedprox|fedavgm|fedadam|fedyogi``: see ``samples/_job_algorithms.py``.
+``--algorithm fedprox|fedavgm|fedadam|fedyogi`` and ``--aggregator mean|median|trimmed_mean``
+(``--clip-norm``): see ``samples/_job_algorithms.py``.
 
 ``--context ray`` runs the client work on Ray actors: a local Ray cluster, or the
 cluster ``--ray-address HOST:PORT`` names (see the README's "Scale out on Ray").
@@ -56,7 +57,12 @@ from managers import (
     TensorBoardReleaseManager,
 )
 from programlogic import EvaluationManager, LocalContext, Sampling, final_model_key, train_model
-from samples._job_algorithms import ALGORITHMS, build_process, resolve_algorithm_flags
+from samples._job_algorithms import (
+    AGGREGATORS,
+    ALGORITHMS,
+    build_process,
+    resolve_algorithm_flags,
+)
 from samples._job_config import (
     DamagedConfigError,
     OtherRunError,
@@ -325,6 +331,18 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--proximal-strength", type=_rate, help="with --algorithm fedprox: mu (default: 0.01)"
+    )
+    parser.add_argument(
+        "--aggregator",
+        choices=AGGREGATORS,
+        default="mean",
+        help="how client updates combine: mean (by examples), or the robust median and "
+        "trimmed_mean (beta 0.2)",
+    )
+    parser.add_argument(
+        "--clip-norm",
+        type=_rate,
+        help="clip each client's update to this L2 norm before --aggregator (default: none)",
     )
     parser.add_argument(
         "--eval-every",

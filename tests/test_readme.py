@@ -85,3 +85,41 @@ async def test_the_run_example_trains_from_a_script_and_inside_a_running_loop(tm
     assert completed.returncode == 0, completed.stderr
     async with FileProgramStateManager(tmp_path / "runs" / "notebook") as state:
         assert max(await state.get_versions()) == 100
+
+
+async def test_the_client_transform_example_releases_its_counts() -> None:
+    import functools
+
+    import numpy as np
+
+    from programlogic import ClientHandle, LocalContext
+    from programlogic.datasets import ClientArrays, Preprocessing
+    from programlogic.learning import build_weighted_fed_avg, softmax_regression
+
+    example = next(block for block in python_blocks() if "class SignOnly(" in block)
+    namespace: dict[str, object] = {"__name__": "readme_sign_only"}
+    exec(compile(example, str(README), "exec"), namespace)
+    process = build_weighted_fed_avg(
+        functools.partial(softmax_regression, (3,), 2),
+        preprocess=Preprocessing(epochs=1, batch_size=2, shuffle_buffer=0),
+        model_aggregator=namespace["SignOnly"](),
+    )
+    rng = np.random.default_rng(0)
+    clients = [
+        ClientHandle(
+            f"c{index}",
+            functools.partial(
+                lambda data: data,
+                ClientArrays(rng.random((4, 3), dtype=np.float32), np.array([0, 1, 0, 1])),
+            ),
+        )
+        for index in range(3)
+    ]
+    state = process.initialize()
+    async with LocalContext(max_workers=2):
+        output = await process.next(state, clients)
+    # Every client moves every weight (3x2 kernel and 2 biases) by its sign: the update
+    # is the mean of +-1 entries, and each client counts 8 nonzero signs.
+    assert output.metrics["aggregator"] == {"nonzero_signs": 24.0}
+    kernel = output.state["model"]["trainable"][0]
+    assert np.all(np.abs(kernel) <= 1.0) and np.any(kernel != 0)

@@ -61,3 +61,11 @@ async def test_the_algorithms_we_have_natively_have_rows() -> None:
     }
     assert builders <= public_names(tff.learning.algorithms)
     assert builders <= first_column_names(section)
+
+
+async def test_the_aggregators_we_have_have_rows() -> None:
+    text = GUIDE.read_text()
+    section = text.split("### `tff.aggregators`", 1)[1].split("\n## ", 1)[0]
+    factories = {"MeanFactory", "UnweightedMeanFactory", "clipping_factory", "zeroing_factory"}
+    assert factories <= public_names(tff.aggregators)
+    assert factories <= first_column_names(section)

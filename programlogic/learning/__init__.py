@@ -1,11 +1,19 @@
 """Built-in learning processes on Keras and TensorFlow: federated averaging (weighted,
-unweighted, FedProx), federated SGD and evaluation.
+unweighted, FedProx), federated SGD and evaluation, with pluggable model aggregators.
 
 Needs TensorFlow >= 2.16 with Keras 3 (``pip install 'programlogic[learning]'``).
 Client work runs through the current federated context in compiled, vectorized groups.
 """
 
 from programlogic._deprecation import moved_names
+from programlogic.learning.aggregators import (
+    Aggregate,
+    ClientTransform,
+    ModelAggregator,
+    mean,
+    unweighted_mean,
+)
+from programlogic.learning.dp import AdaptiveClipping, DPMean, adaptive_clipping, dp_mean
 from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.fed_prox import (
@@ -33,17 +41,23 @@ from programlogic.learning.optimizers import (
     sgd,
     yogi,
 )
+from programlogic.learning.robust import clipping, median, trimmed_mean
 
 __all__ = [
     "MODELS",
     "SGD",
     "Adagrad",
     "Adam",
+    "AdaptiveClipping",
+    "Aggregate",
+    "ClientTransform",
+    "DPMean",
     "FedProx",
     "FedSGD",
     "FederatedEvaluation",
     "FunctionalModel",
     "KerasModelReleaseManager",
+    "ModelAggregator",
     "ModelWeights",
     "Optimizer",
     "RMSprop",
@@ -52,6 +66,7 @@ __all__ = [
     "Yogi",
     "adagrad",
     "adam",
+    "adaptive_clipping",
     "as_optimizer",
     "build_fed_eval",
     "build_fed_sgd",
@@ -60,11 +75,17 @@ __all__ = [
     "build_unweighted_fed_prox",
     "build_weighted_fed_avg",
     "build_weighted_fed_prox",
+    "clipping",
     "cnn",
+    "dp_mean",
+    "mean",
+    "median",
     "mlp",
     "rmsprop",
     "sgd",
     "softmax_regression",
+    "trimmed_mean",
+    "unweighted_mean",
     "yogi",
 ]
 

@@ -165,6 +165,8 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
         (["--algorithm", "fedsgd"], "argument --algorithm: invalid choice: 'fedsgd'"),
         (["--proximal-strength", "0.1"], "--proximal-strength goes with --algorithm fedprox"),
         (["--algorithm", "fedprox", "--proximal-strength", "0"], "must be above 0, got 0"),
+        (["--aggregator", "krum"], "argument --aggregator: invalid choice: 'krum'"),
+        (["--clip-norm", "0"], "argument --clip-norm: must be above 0, got 0"),
     ],
 )
 async def test_bad_flags_get_a_one_line_error(tmp_path, arguments, message):
@@ -287,3 +289,43 @@ async def test_a_fedprox_run_records_its_algorithm_and_refuses_a_rerun_with_anot
         "repeat its flags to resume, or pick another --root"
     )
     assert keys(root / "metrics.csv") == [1, 2]
+
+
+AGGREGATOR_FLAGS = {
+    (): None,
+    ("--aggregator", "median"): {"aggregator": "median"},
+    ("--aggregator", "trimmed_mean"): {"aggregator": "trimmed_mean", "beta": 0.2},
+    ("--clip-norm", "2.5"): {
+        "aggregator": "clipping",
+        "clip_norm": 2.5,
+        "inner": {"aggregator": "mean", "weighted": True},
+    },
+    ("--algorithm", "fedprox", "--aggregator", "median", "--clip-norm", "1"): {
+        "aggregator": "clipping",
+        "clip_norm": 1.0,
+        "inner": {"aggregator": "median"},
+    },
+}
+
+
+@pytest.mark.parametrize("flags", list(AGGREGATOR_FLAGS))
+async def test_each_aggregator_flag_builds_its_model_aggregator(flags, tmp_path):
+    from programlogic.learning import build_model
+    from samples._job_algorithms import build_process
+    from samples.main_job import parse_arguments
+
+    arguments = parse_arguments([*flags, "--root", str(tmp_path)])
+    process = build_process(arguments, lambda: build_model("softmax", (8, 8), 10))
+    assert process.describe_configuration().get("model_aggregator") == AGGREGATOR_FLAGS[flags]
+
+
+async def test_a_median_run_trains_records_its_aggregator_and_refuses_the_mean(tmp_path):
+    root = tmp_path / "run"
+    done = main_job("--aggregator", "median", "--rounds", 2, "--eval-every", 2, "--root", root)
+    assert done.returncode == 0, done.stderr
+    assert keys(root / "metrics.csv") == [1, 2]
+    config = json.loads((root / "config.json").read_text())
+    assert (config["aggregator"], config["clip_norm"]) == ("median", None)
+    other = main_job("--rounds", 3, "--root", root)
+    assert other.returncode == 1
+    assert "--aggregator 'median' -> 'mean'" in other.stderr
