@@ -29,6 +29,7 @@ from managers.validation import (
     check_type,
     describe,
 )
+from programlogic._poisson import poisson_select
 
 __all__ = [
     "AllClientsDataSource",
@@ -123,6 +124,8 @@ class Sampling(enum.StrEnum):
     """k clients drawn independently; a client may appear more than once in a round."""
     FIXED = "fixed"
     """The same k distinct clients every round, picked once from the seed."""
+    POISSON = "poisson"
+    """Each client joins a round with probability k / N (its coin keyed by seed, round, id)."""
 
 
 @runtime_checkable
@@ -208,6 +211,8 @@ class ClientSampler:
                 f"cannot select {k} distinct clients from {count} clients; "
                 f"lower k or sample with replacement"
             )
+        if self._sampling is Sampling.POISSON:  # see poisson_select for the coins
+            return poisson_select(self._handles, self._seed, k, round_num)
         stream = "fixed" if self._sampling is Sampling.FIXED else str(round_num)
         words = _random_words(f"{self._seed}/{stream}", k)
         handles = self._handles

@@ -18,7 +18,7 @@ import pytest
 
 import managers
 import programlogic
-from programlogic import testing
+from programlogic import privacy, testing
 
 pytestmark = pytest.mark.anyio
 
@@ -104,6 +104,10 @@ def evaluation_arguments() -> dict[str, Any]:
         "create_process_fn": lambda name: (None, None),
         "cohort_size": 1,
     }
+
+
+def mechanism_arguments() -> dict[str, Any]:
+    return {"noise_multiplier": 1.0, "num_clients": 10, "clients_per_round": 2}
 
 
 def stopping_arguments() -> dict[str, Any]:
@@ -365,6 +369,69 @@ def probes() -> list[Probe]:
             ],
         ),
         (
+            "GaussianMechanism",
+            privacy.GaussianMechanism,
+            mechanism_arguments,
+            [
+                ("noise_multiplier", -0.5, ValueError),
+                ("noise_multiplier", math.inf, ValueError),
+                ("noise_multiplier", "1", TypeError),
+                ("num_clients", 0, ValueError),
+                ("num_clients", 10.0, TypeError),
+                ("clients_per_round", 0, ValueError),
+                ("clients_per_round", 11, ValueError),
+                ("clients_per_round", True, TypeError),
+                ("sampling", "with_replacement", ValueError),
+                ("sampling", "stratified", ValueError),
+                ("sampling", 1, TypeError),
+                ("accountant", "moments", ValueError),
+                ("accountant", None, TypeError),
+            ],
+        ),
+        (
+            "GaussianMechanism(sampling='uniform')",
+            lambda **arguments: privacy.GaussianMechanism(**{**arguments, "sampling": "uniform"}),
+            mechanism_arguments,
+            [("accountant", "pld", ValueError)],
+        ),
+        (
+            "GaussianMechanism.epsilon",
+            lambda **arguments: privacy.GaussianMechanism(1.0, 10, 2).epsilon(**arguments),
+            lambda: {"rounds": 3, "delta": 1e-5},
+            [
+                ("rounds", -1, ValueError),
+                ("rounds", 1.0, TypeError),
+                ("delta", 0, ValueError),
+                ("delta", 1.5, ValueError),
+                ("delta", "1e-5", TypeError),
+            ],
+        ),
+        (
+            "PrivacyBudgetStopping",
+            privacy.PrivacyBudgetStopping,
+            lambda: {
+                "mechanism": privacy.GaussianMechanism(1.0, 10, 2),
+                "epsilon": 1.0,
+                "delta": 1e-5,
+            },
+            [
+                ("mechanism", {"noise_multiplier": 1.0}, TypeError),
+                ("epsilon", 0, ValueError),
+                ("epsilon", math.inf, ValueError),
+                ("epsilon", "1", TypeError),
+                ("delta", 1, ValueError),
+                ("delta", None, TypeError),
+            ],
+        ),
+        (
+            "PrivacyBudgetStopping.before_round",
+            lambda **arguments: privacy.PrivacyBudgetStopping(
+                privacy.GaussianMechanism(1.0, 10, 2), epsilon=1.0, delta=1e-5
+            ).before_round(**arguments),
+            lambda: {"round_num": 1},
+            [("round_num", -1, ValueError), ("round_num", 1.5, TypeError)],
+        ),
+        (
             "PatienceStopping",
             programlogic.PatienceStopping,
             stopping_arguments,
@@ -605,6 +672,37 @@ def probes() -> list[Probe]:
                 ("clip_norm", math.inf, ValueError),
                 ("clip_norm", "1", TypeError),
                 ("inner", "mean", TypeError),
+            ],
+        ),
+        (
+            "dp_mean",
+            lambda **arguments: learning().dp_mean(**arguments),
+            lambda: {
+                "mechanism": importlib.import_module("programlogic.privacy").GaussianMechanism(
+                    1.0, num_clients=100, clients_per_round=10
+                ),
+                "clip": 0.5,
+                "delta": 1e-5,
+            },
+            [
+                ("mechanism", 1.0, TypeError),
+                ("clip", 0.0, ValueError),
+                ("clip", "0.5", TypeError),
+                ("delta", 1.0, ValueError),
+                ("delta", 0.0, ValueError),
+                ("secret", "s", TypeError),
+            ],
+        ),
+        (
+            "adaptive_clipping",
+            lambda **arguments: learning().adaptive_clipping(**arguments),
+            dict,
+            [
+                ("initial_clip", 0.0, ValueError),
+                ("target_quantile", 1.5, ValueError),
+                ("learning_rate", -0.1, ValueError),
+                ("count_stddev", -1.0, ValueError),
+                ("count_stddev", "1", TypeError),
             ],
         ),
         (

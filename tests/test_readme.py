@@ -123,3 +123,16 @@ async def test_the_client_transform_example_releases_its_counts() -> None:
     assert output.metrics["aggregator"] == {"nonzero_signs": 24.0}
     kernel = output.state["model"]["trainable"][0]
     assert np.all(np.abs(kernel) <= 1.0) and np.any(kernel != 0)
+
+
+async def test_the_privacy_examples_run_and_print_the_documented_figures() -> None:
+    program = next(block for block in python_blocks() if "rounds_within_budget()" in block)
+    completed = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["3.954", "511"]
+    setup = next(block for block in python_blocks() if "dp_mean(mechanism, clip=0.1" in block)
+    namespace: dict[str, object] = {}
+    exec(compile(setup, str(README), "exec"), namespace)
+    assert namespace["process"].describe_configuration()["model_aggregator"]["clip"] == 0.1

@@ -1,4 +1,4 @@
-"""Our FedProx / unweighted FedAvg / FedSGD rounds, run in the Keras 3 environment.
+"""Our FedProx / unweighted FedAvg / FedSGD / clipped FedAvg rounds, in the Keras 3 environment.
 
     python _ours_fed_variants.py CLIENTS.npz ALGORITHM ROUNDS EPOCHS BATCH
 
@@ -24,16 +24,22 @@ from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import (
     FedProx,
     FunctionalModel,
+    adaptive_clipping,
     build_fed_sgd,
     build_unweighted_fed_avg,
     build_unweighted_fed_prox,
+    build_weighted_fed_avg,
     build_weighted_fed_prox,
+    clipping,
+    dp_mean,
     sgd,
     softmax_regression,
 )
 from programlogic.learning.keras_model import DEFAULT_LOSS
+from programlogic.privacy import GaussianMechanism
 
 PROXIMAL_STRENGTH = 0.5
+CLIP_NORM = 0.3
 CLIENT_RATE, SERVER_RATE, SGD_SERVER_RATE = 0.1, 1.0, 0.5
 
 
@@ -64,6 +70,22 @@ def build(algorithm: str, features: int, classes: int, preprocess: Preprocessing
         )
     if algorithm == "unweighted_fed_avg":
         return build_unweighted_fed_avg(model_fn, *optimizers, preprocess=preprocess)
+    if algorithm.startswith("dp_"):
+        # No noise, every client every round: TFF's gaussian_fixed / gaussian_adaptive.
+        mechanism = GaussianMechanism(0.0, num_clients=5, clients_per_round=5, sampling="fixed")
+        clip = adaptive_clipping(CLIP_NORM) if algorithm == "dp_adaptive_fed_avg" else CLIP_NORM
+        aggregator = dp_mean(mechanism, clip, delta=1e-5)
+        return build_unweighted_fed_avg(
+            model_fn, *optimizers, preprocess=preprocess, model_aggregator=aggregator
+        )
+    if algorithm == "clipped_fed_avg":
+        return build_weighted_fed_avg(
+            model_fn, *optimizers, preprocess=preprocess, model_aggregator=clipping(CLIP_NORM)
+        )
+    if algorithm == "clipped_unweighted_fed_avg":
+        return build_unweighted_fed_avg(
+            model_fn, *optimizers, preprocess=preprocess, model_aggregator=clipping(CLIP_NORM)
+        )
     if algorithm == "fed_sgd":
         return build_fed_sgd(model_fn, sgd(SGD_SERVER_RATE), preprocess=preprocess)
     raise SystemExit(f"unknown algorithm {algorithm!r}")
@@ -81,15 +103,16 @@ async def main(path: str, algorithm: str, rounds: int, epochs: int, batch: int) 
     preprocess = Preprocessing(epochs=epochs, batch_size=batch, shuffle_buffer=0)
     process = build(algorithm, first.x.shape[1], classes, preprocess)
     handles = InMemoryDataSource(clients).all_clients()
-    losses = []
+    losses, clipped = [], []
     async with LocalContext():
         state = process.initialize()
         for _ in range(rounds):
             output = await process.next(state, handles)
             state = output.state
             losses.append(output.metrics["client_work"]["train"]["loss"])
+            clipped.append(output.metrics.get("aggregator", {}).get("clipped_count", -1))
     trainable = [w.tolist() for w in process.get_model_weights(state)["trainable"]]
-    print(json.dumps({"losses": losses, "trainable": trainable}))
+    print(json.dumps({"losses": losses, "trainable": trainable, "clipped": clipped}))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Our FedProx, unweighted FedAvg and FedSGD against TFF 0.87's builders of those names.
+"""Our FedProx, unweighted FedAvg, FedSGD and norm-clipped FedAvg against TFF 0.87's.
 
 The same clients (conftest's first five), every round all of them, in order, each
 client's examples repeated for 2 epochs and batched by 8 without shuffling, from the
@@ -36,6 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 OURS = Path(__file__).with_name("_ours_fed_variants.py")
 ROUNDS, EPOCHS, BATCH, CLIENTS = 3, 2, 8, 5
 PROXIMAL_STRENGTH = 0.5
+CLIP_NORM = 0.3
+"""Clips every client's delta in the first round and some in the next ones."""
 CLIENT_RATE, SERVER_RATE, SGD_SERVER_RATE = 0.1, 1.0, 0.5
 TOLERANCE = 1e-5
 
@@ -85,6 +87,31 @@ def tff_process(algorithm: str) -> tff.learning.templates.LearningProcess:
         )
     if algorithm == "unweighted_fed_avg":
         return algorithms.build_unweighted_fed_avg(softmax_model_fn, **optimizers)
+    if algorithm == "dp_fixed_fed_avg":
+        dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+            noise_multiplier=0.0, clients_per_round=CLIENTS, clip=CLIP_NORM
+        )
+        return algorithms.build_unweighted_fed_avg(
+            softmax_model_fn, model_aggregator=dp, **optimizers
+        )
+    if algorithm == "dp_adaptive_fed_avg":
+        dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+            noise_multiplier=0.0, clients_per_round=CLIENTS, initial_l2_norm_clip=CLIP_NORM
+        )
+        return algorithms.build_unweighted_fed_avg(
+            softmax_model_fn, model_aggregator=dp, **optimizers
+        )
+    if algorithm.startswith("clipped_"):
+        inner = tff.aggregators.MeanFactory()
+        if algorithm == "clipped_unweighted_fed_avg":
+            inner = tff.aggregators.UnweightedMeanFactory()
+        clipped = tff.aggregators.clipping_factory(CLIP_NORM, inner)
+        build = (
+            algorithms.build_unweighted_fed_avg
+            if algorithm == "clipped_unweighted_fed_avg"
+            else algorithms.build_weighted_fed_avg
+        )
+        return build(softmax_model_fn, model_aggregator=clipped, **optimizers)
     assert algorithm == "fed_sgd"
     return algorithms.build_fed_sgd(
         softmax_model_fn, server_optimizer_fn=sgdm(learning_rate=SGD_SERVER_RATE)
@@ -95,7 +122,7 @@ def clients() -> list[tuple[np.ndarray, np.ndarray]]:
     return list(client_arrays().values())[:CLIENTS]
 
 
-def run_tff(algorithm: str) -> tuple[list[float], list[np.ndarray]]:
+def run_tff(algorithm: str) -> tuple[list[float], list[np.ndarray], list[int]]:
     process = tff_process(algorithm)
     datasets = [
         tf.data.Dataset.from_tensor_slices(collections.OrderedDict(x=x, y=y))
@@ -107,18 +134,21 @@ def run_tff(algorithm: str) -> tuple[list[float], list[np.ndarray]]:
     try:
         with tff.framework.get_context_stack().install(runtime):
             state = process.initialize()
-            losses = []
+            losses, clipped = [], []
             for _ in range(ROUNDS):
                 output = process.next(state, datasets)
                 state = output.state
                 losses.append(float(output.metrics["client_work"]["train"]["loss"]))
+                clipped.append(int(output.metrics["aggregator"].get("clipped_count", -1)))
             weights = process.get_model_weights(state).trainable
     finally:
         _stop_runtime(runtime)  # TFF would leave its worker process to the garbage collector
-    return losses, [np.asarray(w) for w in weights]
+    return losses, [np.asarray(w) for w in weights], clipped
 
 
-def run_ours(python: str, algorithm: str, tmp_path: Path) -> tuple[list[float], list[np.ndarray]]:
+def run_ours(
+    python: str, algorithm: str, tmp_path: Path
+) -> tuple[list[float], list[np.ndarray], list[int]]:
     npz = tmp_path / "clients.npz"
     arrays = {}
     for index, (x, y) in enumerate(clients()):
@@ -129,7 +159,8 @@ def run_ours(python: str, algorithm: str, tmp_path: Path) -> tuple[list[float], 
     done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["losses"], [np.asarray(w, dtype=np.float32) for w in result["trainable"]]
+    trainable = [np.asarray(w, dtype=np.float32) for w in result["trainable"]]
+    return result["losses"], trainable, result["clipped"]
 
 
 def python_or_skip() -> str:
@@ -141,14 +172,26 @@ def python_or_skip() -> str:
 
 @pytest.mark.parametrize(
     "algorithm",
-    ["tff_sign_weighted_fed_prox", "tff_sign_unweighted_fed_prox", "unweighted_fed_avg", "fed_sgd"],
+    [
+        "tff_sign_weighted_fed_prox",
+        "tff_sign_unweighted_fed_prox",
+        "unweighted_fed_avg",
+        "fed_sgd",
+        "clipped_fed_avg",
+        "clipped_unweighted_fed_avg",
+        "dp_fixed_fed_avg",
+        "dp_adaptive_fed_avg",
+    ],
 )
 async def test_losses_and_model_equal_tffs(algorithm: str, tmp_path: Path) -> None:
     python = python_or_skip()
     theirs = await anyio.to_thread.run_sync(run_tff, algorithm)
     ours = await anyio.to_thread.run_sync(run_ours, python, algorithm, tmp_path)
-    (their_losses, their_model), (our_losses, our_model) = theirs, ours
+    (their_losses, their_model, their_clipped), (our_losses, our_model, our_clipped) = theirs, ours
     np.testing.assert_allclose(our_losses, their_losses, rtol=TOLERANCE)
+    if algorithm.startswith("clipped_"):
+        assert our_clipped == their_clipped
+        assert their_clipped[0] == CLIENTS and min(their_clipped) < CLIENTS
     for mine, reference in zip(our_model, their_model, strict=True):
         np.testing.assert_allclose(mine, reference, rtol=TOLERANCE, atol=1e-7)
     worst = max(abs(a - b) / abs(b) for a, b in zip(our_losses, their_losses, strict=True))
@@ -165,9 +208,9 @@ async def test_tffs_fed_prox_pushes_clients_away_from_the_server_model(tmp_path:
     w_server)`` (Li et al.'s FedProx), so the same strength gives other numbers; ours
     with the strength negated gives TFF's."""
     python = python_or_skip()
-    theirs, _ = await anyio.to_thread.run_sync(run_tff, "weighted_fed_prox")
-    ours, _ = await anyio.to_thread.run_sync(run_ours, python, "weighted_fed_prox", tmp_path)
-    mirrored, _ = await anyio.to_thread.run_sync(
+    theirs, _, _ = await anyio.to_thread.run_sync(run_tff, "weighted_fed_prox")
+    ours, _, _ = await anyio.to_thread.run_sync(run_ours, python, "weighted_fed_prox", tmp_path)
+    mirrored, _, _ = await anyio.to_thread.run_sync(
         run_ours, python, "tff_sign_weighted_fed_prox", tmp_path
     )
     np.testing.assert_allclose(mirrored, theirs, rtol=TOLERANCE)

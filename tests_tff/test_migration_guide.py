@@ -66,6 +66,12 @@ async def test_the_algorithms_we_have_natively_have_rows() -> None:
 async def test_the_aggregators_we_have_have_rows() -> None:
     text = GUIDE.read_text()
     section = text.split("### `tff.aggregators`", 1)[1].split("\n## ", 1)[0]
-    factories = {"MeanFactory", "UnweightedMeanFactory", "clipping_factory", "zeroing_factory"}
+    factories = {
+        "MeanFactory",
+        "UnweightedMeanFactory",
+        "clipping_factory",
+        "zeroing_factory",
+        "DifferentiallyPrivateFactory",
+    }
     assert factories <= public_names(tff.aggregators)
     assert factories <= first_column_names(section)

@@ -13,6 +13,7 @@ from programlogic.learning.aggregators import (
     mean,
     unweighted_mean,
 )
+from programlogic.learning.dp import AdaptiveClipping, DPMean, adaptive_clipping, dp_mean
 from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.fed_prox import (
@@ -47,8 +48,10 @@ __all__ = [
     "SGD",
     "Adagrad",
     "Adam",
+    "AdaptiveClipping",
     "Aggregate",
     "ClientTransform",
+    "DPMean",
     "FedProx",
     "FedSGD",
     "FederatedEvaluation",
@@ -63,6 +66,7 @@ __all__ = [
     "Yogi",
     "adagrad",
     "adam",
+    "adaptive_clipping",
     "as_optimizer",
     "build_fed_eval",
     "build_fed_sgd",
@@ -73,6 +77,7 @@ __all__ = [
     "build_weighted_fed_prox",
     "clipping",
     "cnn",
+    "dp_mean",
     "mean",
     "median",
     "mlp",

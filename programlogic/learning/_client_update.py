@@ -34,7 +34,7 @@ def train_group_graph(
     """
 
     def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
-        x, y, batch_indices, mask = data
+        x, y, batch_indices, mask, random_states = data
         start = list(trainable)
 
         def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -73,7 +73,7 @@ def train_group_graph(
         }
         carry = (
             start,
-            list(non_trainable),
+            model.seeded(non_trainable, random_states),
             tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
             initial_sums,
         )

@@ -211,13 +211,17 @@ class GroupedProcess(abc.ABC):
         *inputs: Any,
     ) -> Any:
         """The compiled group function on ``datas``, preprocessed with a seed each, padded,
-        with the further ``inputs`` its graph takes after the group."""
+        with the further ``inputs`` its graph takes after the group.
+
+        A client's seed also gives its seed-generator states (its dropout, say).
+        """
         examples = [self.preprocess.examples(data) for data in datas]
         orders = [
             self.preprocess.order(len(client.y), seed)
             for client, seed in zip(examples, seeds, strict=True)
         ]
-        group = stack_clients(examples, orders, group_size)
+        random_states = [self.model.random_states(seed) for seed in seeds]
+        group = stack_clients(examples, orders, group_size, random_states)
         return self._compiled(weights["trainable"], weights["non_trainable"], group, *inputs)
 
     def _plan_round(self, clients: Sequence[Any], round_name: str) -> tuple[FederatedContext, int]:

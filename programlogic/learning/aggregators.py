@@ -57,12 +57,15 @@ class Aggregate:
     ``update``: the update the server optimizer applies, one array per trainable
     weight (any float dtype; cast to the weight's), or None when no client counted
     (the model then stays as it was). ``state``: the aggregator's state for the next
-    round. ``measurements``: numbers released under the round's ``aggregator`` metrics.
+    round. ``measurements``: numbers released under the round's ``aggregator`` metrics;
+    ``metrics``: groups of numbers released beside the process's own (``{"privacy":
+    {...}}`` becomes the round's ``privacy/...`` metrics).
     """
 
     update: list[np.ndarray] | None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 class ModelAggregator(abc.ABC):
@@ -70,7 +73,8 @@ class ModelAggregator(abc.ABC):
 
     A process calls, every round:
 
-    - :meth:`check_round` with the round's number of clients, before any work;
+    - :meth:`check_round` with the round's number of clients, before any work (and
+      :meth:`empty_round` instead of the steps below the params when there are none);
     - :meth:`params` on the aggregator's state: the values the compiled group call
       takes as inputs (a dict of NumPy scalars or arrays: values that change from
       round to round go here rather than into the traced graph, which would recompile);
@@ -103,6 +107,13 @@ class ModelAggregator(abc.ABC):
 
     def check_round(self, num_clients: int) -> None:
         """Raise (ValueError) before a round of ``num_clients`` this aggregator cannot hold."""
+
+    def empty_round(self, trainable: list[np.ndarray]) -> Partial | None:
+        """The merged partial of a round without clients, or None (the default) to refuse
+        such a round: a differentially private aggregator must still add its noise and
+        count the round (Poisson sampling can select nobody). ``trainable`` are the
+        model's trainable weights, for their shapes."""
+        return None
 
     @abc.abstractmethod
     def fold_group(self, params: dict[str, Any], deltas: list[Any], weights: Any) -> Partial:

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from programlogic.context import count_dropped_clients
+from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
 from programlogic.learning._client_update import train_group_graph
@@ -162,7 +162,16 @@ class WeightedFedAvg(GroupedProcess):
     async def next(
         self, state: dict[str, Any], clients: Sequence[ClientHandle]
     ) -> LearningProcessOutput:
-        """One round of FedAvg on ``clients``, computed through the current context."""
+        """One round of FedAvg on ``clients``, computed through the current context.
+
+        A round without clients is refused (ValueError) unless the model aggregator
+        takes one (see ``ModelAggregator.empty_round``).
+        """
+        if not clients:
+            empty = self.model_aggregator.empty_round(state["model"]["trainable"])
+            if empty is not None:
+                totals = _Totals(self.model_aggregator, partial=empty)
+                return await get_context().run(self._server_step, state, totals)
         context, group_size = self._plan_round(clients, "a FedAvg round")
         self.model_aggregator.check_round(len(clients))
         round_num = int(state["round"]) + 1
@@ -283,6 +292,10 @@ class WeightedFedAvg(GroupedProcess):
         }
         if aggregate.measurements:
             metrics["aggregator"] = aggregate.measurements
+        taken = set(aggregate.metrics) & set(metrics)
+        if taken:
+            raise ValueError(f"the model aggregator's metrics reuse the process's {sorted(taken)}")
+        metrics.update(aggregate.metrics)
         return LearningProcessOutput(new_state, metrics)
 
 

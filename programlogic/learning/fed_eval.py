@@ -133,7 +133,7 @@ def _evaluate_group_graph(
     """Each client's metric sums, for a group of clients."""
 
     def evaluate_client(data: tuple[Any, ...]) -> dict[str, Any]:
-        x, y, batch_indices, mask = data
+        x, y, batch_indices, mask, _ = data  # no draws: training=False
 
         def step(index: Any, sums: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
             batch = batch_indices[index]

@@ -82,7 +82,7 @@ def _sgd_group_graph(
     and each client's finiteness and sums."""
 
     def client_gradient(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
-        x, y, batch_indices, mask = data
+        x, y, batch_indices, mask, random_states = data
         weights = list(trainable)
 
         def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -115,7 +115,7 @@ def _sgd_group_graph(
         }
         carry = (
             [tf.zeros_like(w) for w in weights],
-            [tf.convert_to_tensor(w) for w in non_trainable],
+            [tf.convert_to_tensor(w) for w in model.seeded(non_trainable, random_states)],
             initial_sums,
         )
         num_batches = tf.shape(mask)[0]

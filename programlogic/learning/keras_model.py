@@ -8,6 +8,7 @@ Keras 3's ``stateless_call``; weights travel as plain lists of NumPy arrays.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -53,8 +54,11 @@ class FunctionalModel:
     marks, plus the model's regularization losses. ``metrics`` are Keras metrics whose
     variables sum, or their names (see :func:`~programlogic.learning.metrics.as_metrics`).
 
-    Layers that draw random numbers in training (dropout) are not supported: their
-    seed state would be shared by every client of a compiled group.
+    Layers that draw random numbers in training (``Dropout``, ``GaussianNoise``) keep the
+    state of their ``keras.random.SeedGenerator`` among the non-trainable weights, at
+    the indices ``random_slots``. The built-in processes give each client states of its
+    own (:meth:`random_states`, put in place by :meth:`seeded`); the weights a process
+    keeps hold zeros there (:meth:`initial_weights`).
 
     It pickles as ``model_fn``, the loss, the metrics and the model's current weights
     (so ``model_fn`` must pickle too: a module-level function or a ``functools.partial``
@@ -84,6 +88,7 @@ class FunctionalModel:
         self.model = model
         self.loss = loss
         self.input_shape = tuple(model.inputs[0].shape[1:]) if model.inputs else None
+        self.random_slots = _seed_generator_slots(model)
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -103,9 +108,10 @@ class FunctionalModel:
         """The model's input shape, layers, loss and metrics, as a JSON-able dict.
 
         Each layer by its class name, the shapes and dtypes of its weights, its dtype
-        policy and, where it has them, its activation (by name), padding, strides and
-        pool size; a nested model by its own layers. Made of values that do not change
-        across Keras versions (no ``to_json``, no generated layer names).
+        policy and, where it has them, its activation (by name), padding, strides, pool
+        size, rate (dropout's) and stddev (noise's); a nested model by its own layers.
+        Made of values that do not change across Keras versions (no ``to_json``, no
+        generated layer names).
         """
         loss: dict[str, Any] = {"class": type(self.loss).__name__}
         if isinstance(getattr(self.loss, "from_logits", None), bool):
@@ -119,10 +125,15 @@ class FunctionalModel:
         }
 
     def initial_weights(self) -> ModelWeights:
-        """The weights the model was built with, as NumPy arrays."""
+        """The weights the model was built with, as NumPy arrays, but seed-generator
+        states zero: Keras seeds them at random when none is given, and clients draw
+        from their own states (:meth:`random_states`), never these."""
+        non_trainable = [np.array(v.numpy()) for v in self.model.non_trainable_variables]
+        for slot in self.random_slots:
+            non_trainable[slot] = np.zeros_like(non_trainable[slot])
         return {
             "trainable": [np.array(v.numpy()) for v in self.model.trainable_variables],
-            "non_trainable": [np.array(v.numpy()) for v in self.model.non_trainable_variables],
+            "non_trainable": non_trainable,
         }
 
     def check_weights(self, weights: Any) -> ModelWeights:
@@ -189,6 +200,33 @@ class FunctionalModel:
             sums.update(metric.batch_state(y, outputs, mask))
         return loss, list(new_non_trainable), sums
 
+    def random_states(self, seed: int) -> np.ndarray:
+        """The start states of the model's seed generators for one client, int64
+        ``[generators, 2]``: a pure function of ``seed`` (its ``client_seed``), each
+        generator's own.
+
+        Each value is below 2**30: Keras' TensorFlow backend takes a state modulo
+        2**31 - 2 before it draws, and the second value, which grows by one a draw,
+        then stays unchanged by it for 2**30 draws.
+        """
+        states = np.zeros((len(self.random_slots), 2), dtype=np.int64)
+        for index in range(len(self.random_slots)):
+            digest = hashlib.sha256(f"{seed}/random/{index}".encode()).digest()
+            states[index] = [
+                int.from_bytes(digest[:4], "little") & _STATE_MASK,
+                int.from_bytes(digest[4:8], "little") & _STATE_MASK,
+            ]
+        return states
+
+    def seeded(self, non_trainable: Sequence[Any], states: Any) -> list[Any]:
+        """``non_trainable`` with its seed-generator states replaced by ``states`` (one
+        client's :meth:`random_states`), traced into the caller's graph."""
+        seeded = list(non_trainable)
+        for index, slot in enumerate(self.random_slots):
+            dtype = self.model.non_trainable_variables[slot].dtype
+            seeded[slot] = tf.cast(states[index], dtype)
+        return seeded
+
     def metric_zeros(self) -> dict[str, Any]:
         """Zero metric states by their sum names, traced into the caller's graph."""
         return {name: zero for metric in self.metrics for name, zero in metric.zeros().items()}
@@ -196,6 +234,25 @@ class FunctionalModel:
     def metric_results(self, sums: dict[str, Any]) -> dict[str, float]:
         """Each metric, by name, finalized on summed states."""
         return {metric.name: metric.result(sums) for metric in self.metrics}
+
+
+_STATE_MASK = 2**30 - 1
+"""Keeps each value of a derived seed-generator state below 2**30."""
+
+
+def _seed_generator_slots(model: Any) -> tuple[int, ...]:
+    """Where the states of the model's seed generators are among its non-trainable
+    variables, in that order."""
+    states = {
+        id(generator.state)
+        for layer in model._flatten_layers(include_self=True, recursive=True)
+        for generator in getattr(layer, "_seed_generators", ())
+    }
+    return tuple(
+        index
+        for index, variable in enumerate(model.non_trainable_variables)
+        if id(variable) in states
+    )
 
 
 def _loss_settings(loss: Any) -> dict[str, Any]:
@@ -221,7 +278,7 @@ def _loss_settings(loss: Any) -> dict[str, Any]:
     }
 
 
-_LAYER_SETTINGS = ("activation", "padding", "strides", "pool_size")
+_LAYER_SETTINGS = ("activation", "padding", "strides", "pool_size", "rate", "stddev")
 """Layer attributes that change what a layer computes without changing its weights."""
 
 
@@ -272,20 +329,28 @@ class ClientGroup(NamedTuple):
     ``x`` float32 ``[group, examples, *features]`` and ``y`` ``[group, examples, ...]`` hold
     each client's examples once; ``indices`` int32 ``[group, batches, batch_size]`` say
     which example fills each batch slot, and ``mask`` (same shape, float32) which slots
-    are real. Clients are padded up to common, bucketed sizes and the group with empty
-    clients up to its size, so that a compiled group function sees few distinct shapes.
+    are real; ``random_states`` int64 ``[group, generators, 2]`` holds each client's
+    :meth:`FunctionalModel.random_states` (zeros for padding clients). Clients are
+    padded up to common, bucketed sizes and the group with empty clients up to its size,
+    so that a compiled group function sees few distinct shapes.
     """
 
     x: np.ndarray
     y: np.ndarray
     indices: np.ndarray
     mask: np.ndarray
+    random_states: np.ndarray
 
 
 def stack_clients(
-    examples: Sequence[ClientArrays], orders: Sequence[BatchOrder], group_size: int
+    examples: Sequence[ClientArrays],
+    orders: Sequence[BatchOrder],
+    group_size: int,
+    random_states: Sequence[np.ndarray] = (),
 ) -> ClientGroup:
-    """The clients' ``examples`` and batch ``orders`` stacked into one :class:`ClientGroup`."""
+    """The clients' ``examples``, batch ``orders`` and ``random_states`` (none: a model
+    without seed generators) stacked into one :class:`ClientGroup`."""
+    num_generators = len(random_states[0]) if len(random_states) else 0
     first_x, first_order = examples[0].x, orders[0]
     num_examples = bucket(max(len(client.y) for client in examples))
     num_batches = bucket(max(len(order.mask) for order in orders))
@@ -294,10 +359,13 @@ def stack_clients(
         y=np.zeros((group_size, num_examples, *examples[0].y.shape[1:]), dtype=examples[0].y.dtype),
         indices=np.zeros((group_size, num_batches, *first_order.indices.shape[1:]), dtype=np.int32),
         mask=np.zeros((group_size, num_batches, *first_order.mask.shape[1:]), dtype=np.float32),
+        random_states=np.zeros((group_size, num_generators, 2), dtype=np.int64),
     )
     for index, (client, order) in enumerate(zip(examples, orders, strict=True)):
         group.x[index, : len(client.y)] = client.x
         group.y[index, : len(client.y)] = client.y
         group.indices[index, : len(order.mask)] = order.indices
         group.mask[index, : len(order.mask)] = order.mask
+    for index, states in enumerate(random_states):
+        group.random_states[index] = states
     return group

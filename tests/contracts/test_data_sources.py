@@ -114,3 +114,11 @@ async def test_the_suite_fails_a_source_whose_client_ids_repeat() -> None:
     suite = FederatedDataSourceContract()
     with pytest.raises(AssertionError, match=r"must be distinct.*\['client_2'\]"):
         await suite.test_client_ids_are_distinct_strings_in_a_stable_order(DuplicatingSource)
+
+
+class TestPoissonInMemoryDataSource(FederatedDataSourceContract):
+    exact_round_size = False
+
+    @pytest.fixture
+    def make_source(self) -> Callable[[], InMemoryDataSource]:
+        return lambda: InMemoryDataSource({f"c{i}": [i] for i in range(12)}, sampling="poisson")

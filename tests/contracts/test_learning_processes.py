@@ -330,3 +330,40 @@ class TestFedAvgWithClippedTrimmedMean(LearningProcessContract):
     @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
         return tiny_clients()
+
+
+@functools.cache
+def private_fed_avg(noise_multiplier=1.0):
+    from programlogic.learning import (
+        adaptive_clipping,
+        build_unweighted_fed_avg,
+        dp_mean,
+        softmax_regression,
+    )
+    from programlogic.privacy import GaussianMechanism
+
+    mechanism = GaussianMechanism(noise_multiplier, num_clients=3, clients_per_round=3)
+    return build_unweighted_fed_avg(
+        functools.partial(softmax_regression, (FEATURES,), CLASSES),
+        preprocess=Preprocessing(epochs=2, batch_size=4, shuffle_buffer=8),
+        seed=5,
+        model_aggregator=dp_mean(mechanism, adaptive_clipping(0.05, count_stddev=1.0), delta=1e-3),
+    )
+
+
+class TestFedAvgWithDP(LearningProcessContract):
+    @pytest.fixture
+    def process(self):
+        return private_fed_avg()
+
+    @pytest.fixture
+    def make_process(self):
+        return private_fed_avg.__wrapped__
+
+    @pytest.fixture
+    def other_process(self):
+        return private_fed_avg.__wrapped__(0.5)
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return tiny_clients()

@@ -9,6 +9,7 @@ import pytest
 
 import managers
 import programlogic
+import programlogic.privacy as privacy
 import programlogic.testing
 
 pytestmark = pytest.mark.anyio
@@ -64,7 +65,7 @@ async def test_every_public_class_and_function_of_the_package_is_exported() -> N
 
 
 async def test_every_public_name_has_a_docstring() -> None:
-    for module in (programlogic, managers, programlogic.testing, programlogic.tasks):
+    for module in (programlogic, managers, programlogic.testing, programlogic.tasks, privacy):
         for name in module.__all__:
             value = getattr(module, name)
             if inspect.isclass(value) or inspect.isfunction(value):
