@@ -32,7 +32,11 @@ class Algorithm:
     - ``server``: the server optimizer; ``client``: the client one (unused by FedSGD);
     - ``proximal_strength``: TFF's argument (its sign: ours takes it negated);
     - ``clip_norm``: clip each client's model delta to this L2 global norm before the
-      mean (TFF's ``clipping_factory``, our ``clipping``).
+      mean (TFF's ``clipping_factory``, our ``clipping``);
+    - ``private``: with ``clip_norm``, the differentially private mean without noise
+      instead (TFF's ``DifferentiallyPrivateFactory.gaussian_fixed(0, clients, clip)``,
+      our ``dp_mean`` of a ``GaussianMechanism(0, ...)`` of the fixed cohort), which
+      averages the clipped deltas with equal weights.
     """
 
     name: str
@@ -42,6 +46,12 @@ class Algorithm:
     client: Optimizer = ("sgd", CLIENT_RATE, {})
     proximal_strength: float | None = None
     clip_norm: float | None = None
+    private: bool = False
+
+    @property
+    def counts_clipped(self) -> bool:
+        """Whether both sides report how many clients were clipped each round."""
+        return self.clip_norm is not None and not self.private
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -85,6 +95,14 @@ ALGORITHMS: dict[str, Algorithm] = {
             "weighted_fed_avg",
             ("sgd", 1.0, {}),
             clip_norm=1.3,
+        ),
+        Algorithm(
+            "dp_fixed",
+            "DP FedAvg, clip 1.3, no noise (gaussian_fixed)",
+            "unweighted_fed_avg",
+            ("sgd", 1.0, {}),
+            clip_norm=1.3,
+            private=True,
         ),
     ]
 }

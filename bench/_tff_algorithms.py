@@ -84,8 +84,8 @@ def optimizer(spec: Optimizer) -> tff.learning.optimizers.Optimizer:
     return BUILD_OPTIMIZER[rule](learning_rate, **keywords)
 
 
-def build(algorithm: Algorithm) -> tff.learning.templates.LearningProcess:
-    """TFF's process for ``algorithm``."""
+def build(algorithm: Algorithm, num_clients: int) -> tff.learning.templates.LearningProcess:
+    """TFF's process for ``algorithm``, every round on ``num_clients`` clients."""
     algorithms = tff.learning.algorithms
     server = optimizer(algorithm.server)
     if algorithm.builder == "fed_sgd":
@@ -94,7 +94,11 @@ def build(algorithm: Algorithm) -> tff.learning.templates.LearningProcess:
         "client_optimizer_fn": optimizer(algorithm.client),
         "server_optimizer_fn": server,
     }
-    if algorithm.clip_norm is not None:
+    if algorithm.private:
+        keywords["model_aggregator"] = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+            noise_multiplier=0.0, clients_per_round=num_clients, clip=algorithm.clip_norm
+        )
+    elif algorithm.clip_norm is not None:
         keywords["model_aggregator"] = tff.aggregators.clipping_factory(
             algorithm.clip_norm, tff.aggregators.MeanFactory()
         )
@@ -111,7 +115,7 @@ def build(algorithm: Algorithm) -> tff.learning.templates.LearningProcess:
 
 def run(algorithm: Algorithm, datasets: list[tf.data.Dataset], rounds: int) -> dict[str, Any]:
     start = time.perf_counter()
-    process = build(algorithm)
+    process = build(algorithm, len(datasets))
     state = process.initialize()
     result: dict[str, Any] = {
         "algorithm": algorithm.name,
@@ -125,7 +129,7 @@ def run(algorithm: Algorithm, datasets: list[tf.data.Dataset], rounds: int) -> d
         result["round_s"].append(time.perf_counter() - start)
         state = output.state
         result["loss"].append(float(output.metrics["client_work"]["train"]["loss"]))
-        if algorithm.clip_norm is not None:
+        if algorithm.counts_clipped:
             clipped = output.metrics["aggregator"]["clipped_count"]
             result.setdefault("clipped_count", []).append(int(clipped))
     return result

@@ -88,6 +88,7 @@ from programlogic.learning import (
     softmax_regression,
 )
 from programlogic.learning.keras_model import DEFAULT_LOSS
+from programlogic.privacy import GaussianMechanism
 
 PROGRAM = "algorithms_vs_tff"
 TFF_SCRIPT = Path(__file__).with_name("_tff_algorithms.py")
@@ -101,7 +102,7 @@ def our_optimizer(spec: Optimizer) -> learning.Optimizer:
     return getattr(learning, rule)(learning_rate, **keywords)
 
 
-def build_ours(algorithm: Algorithm, clients_per_group: int | None) -> Any:
+def build_ours(algorithm: Algorithm, clients_per_group: int | None, num_clients: int) -> Any:
     """Our process for ``algorithm``, configured as ``_tff_algorithms.build`` builds TFF's."""
     model_fn = functools.partial(softmax_regression, (784,), 10)
     preprocess = Preprocessing(epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle_buffer=0)
@@ -126,7 +127,10 @@ def build_ours(algorithm: Algorithm, clients_per_group: int | None) -> Any:
             proximal_strength=-float(algorithm.proximal_strength or 0.0),
             client_weighting="num_examples",
         )
-    if algorithm.clip_norm is not None:
+    if algorithm.private:
+        cohort = GaussianMechanism(0.0, num_clients, num_clients, sampling="fixed")
+        common["model_aggregator"] = learning.dp_mean(cohort, algorithm.clip_norm, delta=1e-5)
+    elif algorithm.clip_norm is not None:
         common["model_aggregator"] = learning.clipping(algorithm.clip_norm)
     if algorithm.builder == "weighted_fed_avg":
         return build_weighted_fed_avg(model_fn, client, server, **common)
@@ -143,8 +147,8 @@ async def run_ours(
     clients_per_group: int | None,
 ) -> dict[str, Any]:
     """A new process of ours, ``rounds`` bare ``next`` calls: each one's seconds and loss."""
-    process = build_ours(algorithm, clients_per_group)
     handles = source.all_clients()
+    process = build_ours(algorithm, clients_per_group, len(handles))
     result: dict[str, Any] = {"round_s": [], "loss": []}
     async with LocalContext(max_workers=workers):
         state = process.initialize()
@@ -154,7 +158,7 @@ async def run_ours(
             result["round_s"].append(time.perf_counter() - start)
             state = output.state
             result["loss"].append(float(output.metrics["client_work"]["train"]["loss"]))
-            if algorithm.clip_norm is not None:
+            if algorithm.counts_clipped:
                 clipped = output.metrics["aggregator"]["clipped_count"]
                 result.setdefault("clipped_count", []).append(int(clipped))
     return result

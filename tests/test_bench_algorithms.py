@@ -44,9 +44,10 @@ async def test_each_algorithm_builds_ours_as_described(monkeypatch: pytest.Monke
         "fedprox",
         "fedsgd",
         "fedavg_clipped",
+        "dp_fixed",
     }
     for algorithm in algorithms.ALGORITHMS.values():
-        configuration = bench.build_ours(algorithm, None).describe_configuration()
+        configuration = bench.build_ours(algorithm, None, 10).describe_configuration()
         preprocess = configuration["preprocess"]
         assert (preprocess["epochs"], preprocess["batch_size"]) == (5, 5)
         assert preprocess["shuffle_buffer"] == 0, "both systems must see the same batches"
@@ -60,7 +61,15 @@ async def test_each_algorithm_builds_ours_as_described(monkeypatch: pytest.Monke
         if algorithm.proximal_strength is not None:
             # TFF 0.87's sign: ours with the strength negated.
             assert configuration["proximal_strength"] == -algorithm.proximal_strength
-        if algorithm.clip_norm is not None:
+        if algorithm.private:
+            aggregator = configuration["model_aggregator"]
+            assert (aggregator["aggregator"], aggregator["clip"]) == (
+                "dp_mean",
+                algorithm.clip_norm,
+            )
+            assert aggregator["mechanism"]["noise_multiplier"] == 0.0
+            assert aggregator["mechanism"]["clients_per_round"] == 10
+        elif algorithm.clip_norm is not None:
             aggregator = configuration["model_aggregator"]
             assert aggregator["aggregator"] == "clipping"
             assert aggregator["clip_norm"] == algorithm.clip_norm
