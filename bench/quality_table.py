@@ -1,0 +1,333 @@
+"""Held-out accuracy of FedAvg, FedAvgM, FedAdam, FedYogi and FedProx, Reddi et al. style.
+
+What is measured: for each data set and algorithm, the MLP (``programlogic.learning.mlp``:
+flatten, 128 ReLU units, softmax) is trained for ``--rounds`` rounds of
+``--clients-per-round`` clients on every cell of a 3x3 grid of client and server
+learning rates; the final model's accuracy on the held-out data is computed centrally
+(the trained weights set on a Keras model, which predicts on all the held-out
+examples). The table reports, per data set and algorithm, the best cell's accuracy and
+its rates; a rate at the edge of its grid is marked ``*`` (the best may lie outside).
+
+Data sets (``--datasets``):
+
+- ``digits``: scikit-learn's digits split by writer (``load_digits_writers``): the 10
+  training writers are the clients, the 4 held-out writers (503 digits) the test set;
+  a round takes ``min(--clients-per-round, 10)`` writers;
+- ``fmnist_dir0.1`` and ``fmnist_dir1.0``: Fashion-MNIST's 60,000 training images over
+  100 clients with Dirichlet(0.1) or Dirichlet(1.0) label skew (``load_fashion_mnist``,
+  partition seed 0); the test set is Fashion-MNIST's own 10,000 test images.
+
+Every client trains 1 epoch of batches of 20 (shuffle buffer 100) with SGD at the client
+learning rate. Servers (the main job's, ``samples/_job_algorithms.py``): FedAvg and
+FedProx SGD, FedAvgM SGD with momentum 0.9, FedAdam and FedYogi Adam and Yogi with
+epsilon 1e-3; FedProx's mu is 0.01. The grids (:data:`CLIENT_LRS`, :data:`SERVER_LRS`):
+client lr {0.03, 0.1, 0.3} for all; server lr {0.3, 1, 3} for FedAvg and FedProx, {0.1,
+0.3, 1} for FedAvgM (a steady step is 10x the rate), {0.001, 0.01, 0.1} for FedAdam and
+FedYogi (Reddi et al.'s best server rates were in that range). ``--grid center`` runs
+only the middle cell.
+
+``--poisoning`` measures the robust aggregators instead (see :func:`poisoning_cells`).
+
+Results are appended to ``--out`` (JSON) after every cell; a cell already there (same
+data set, algorithm, rates, rounds, clients per round, seed) is skipped, so a long run
+resumes where it stopped. The script prints each cell, then the Markdown table.
+
+    python bench/quality_table.py [--rounds 100] [--clients-per-round 10]
+        [--datasets digits fmnist_dir0.1 fmnist_dir1.0]
+        [--algorithms fedavg fedavgm fedadam fedyogi fedprox] [--grid full|center]
+        [--out bench/results/quality_table.json] [--poisoning] [--table-only]
+
+Not run in CI (the full table is hours of CPU); ``tests/bench/test_quality_table_script.py``
+runs a 2-round, one-cell form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import anyio
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from programlogic import LocalContext  # noqa: E402
+from programlogic.datasets import (  # noqa: E402
+    FederatedData,
+    Preprocessing,
+    load_digits_writers,
+    load_fashion_mnist,
+)
+from programlogic.learning import (  # noqa: E402
+    build_weighted_fed_avg,
+    build_weighted_fed_prox,
+    mlp,
+    sgd,
+)
+from samples._job_algorithms import server_optimizer  # noqa: E402
+
+DATASETS = ("digits", "fmnist_dir0.1", "fmnist_dir1.0")
+ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox")
+CLIENT_LRS = (0.03, 0.1, 0.3)
+"""The client SGD learning rates of the grid, for every algorithm."""
+SERVER_LRS = {
+    "fedavg": (0.3, 1.0, 3.0),
+    "fedprox": (0.3, 1.0, 3.0),
+    "fedavgm": (0.1, 0.3, 1.0),
+    "fedadam": (0.001, 0.01, 0.1),
+    "fedyogi": (0.001, 0.01, 0.1),
+}
+"""The server learning rates of the grid, per algorithm."""
+PROXIMAL_STRENGTH = 0.01
+EPOCHS = 1
+BATCH_SIZE = 20
+SHUFFLE_BUFFER = 100
+SEED = 0
+FASHION_CLIENTS = 100
+DEFAULT_OUT = REPO / "bench" / "results" / "quality_table.json"
+
+
+def load_dataset(name: str) -> FederatedData:
+    """The federated data set ``name`` (one of :data:`DATASETS`)."""
+    if name == "digits":
+        return load_digits_writers()
+    if name.startswith("fmnist_dir"):
+        alpha = float(name.removeprefix("fmnist_dir"))
+        return load_fashion_mnist(FASHION_CLIENTS, alpha=alpha, seed=SEED)
+    raise ValueError(f"unknown data set {name!r}")
+
+
+def held_out_arrays(data: FederatedData) -> tuple[np.ndarray, np.ndarray]:
+    """All the held-out examples of ``data``, concatenated (x, y)."""
+    parts = [handle.load() for handle in data.test.all_clients()]
+    x = np.concatenate([np.asarray(part.x, dtype=np.float32) for part in parts])
+    y = np.concatenate([np.asarray(part.y) for part in parts])
+    return x, y
+
+
+def held_out_accuracy(
+    model_fn: Callable[[], Any], weights: dict[str, Any], x: np.ndarray, y: np.ndarray
+) -> float:
+    """Accuracy on ``(x, y)`` of the model ``model_fn`` builds, holding ``weights``."""
+    model = model_fn()
+    for variable, value in zip(model.trainable_variables, weights["trainable"], strict=True):
+        variable.assign(value)
+    for variable, value in zip(
+        model.non_trainable_variables, weights["non_trainable"], strict=True
+    ):
+        variable.assign(value)
+    predicted = [
+        np.argmax(np.asarray(model(x[start : start + 2048], training=False)), axis=1)
+        for start in range(0, len(y), 2048)
+    ]
+    return float(np.mean(np.concatenate(predicted) == y))
+
+
+def build_process(
+    algorithm: str,
+    model_fn: Callable[[], Any],
+    client_lr: float,
+    server_lr: float,
+    **extra: Any,
+) -> Any:
+    """The training process of ``algorithm`` with the two learning rates (``extra`` goes
+    to the builder, e.g. ``model_aggregator=``)."""
+    preprocess = Preprocessing(
+        epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle_buffer=SHUFFLE_BUFFER
+    )
+    server = server_optimizer(algorithm, server_lr)
+    if algorithm == "fedprox":
+        return build_weighted_fed_prox(
+            model_fn,
+            PROXIMAL_STRENGTH,
+            sgd(client_lr),
+            server,
+            preprocess=preprocess,
+            seed=SEED,
+            **extra,
+        )
+    return build_weighted_fed_avg(
+        model_fn, sgd(client_lr), server, preprocess=preprocess, seed=SEED, **extra
+    )
+
+
+async def train(
+    process: Any, data: FederatedData, rounds: int, clients_per_round: int
+) -> tuple[dict[str, Any], float, int]:
+    """Run ``rounds`` rounds of ``process``; the final weights, the last round's training
+    loss and how many rounds ended with a non-finite update (left unapplied)."""
+    sampler = data.train.iterator(SEED)
+    state = process.initialize()
+    loss = float("nan")
+    non_finite = 0
+    async with LocalContext(max_workers=2):
+        for round_num in range(1, rounds + 1):
+            output = await process.next(state, sampler.select(clients_per_round, round_num))
+            state = output.state
+            loss = float(output.metrics["client_work"]["train"]["loss"])
+            non_finite += int(output.metrics["finalizer"]["update_non_finite"])
+    return process.get_model_weights(state), loss, non_finite
+
+
+def cell_key(*parts: Any) -> str:
+    """The key of a cell in the results file."""
+    return "/".join(str(part) for part in parts)
+
+
+class Results:
+    """The results file: a JSON object ``{"cells": {key: record}}``, rewritten after
+    every cell (atomically, through a temporary file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.cells: dict[str, dict[str, Any]] = {}
+        if path.exists():
+            self.cells = json.loads(path.read_text())["cells"]
+
+    def add(self, key: str, record: dict[str, Any]) -> None:
+        self.cells[key] = record
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"cells": self.cells}, indent=1, sort_keys=True) + "\n")
+        temporary.replace(self.path)
+
+
+def grid(algorithm: str, kind: str) -> list[tuple[float, float]]:
+    """The (client lr, server lr) cells of ``algorithm``: all 9, or the middle one."""
+    servers = SERVER_LRS[algorithm]
+    if kind == "center":
+        return [(CLIENT_LRS[1], servers[1])]
+    return [(client, server) for client in CLIENT_LRS for server in servers]
+
+
+async def run_table(arguments: argparse.Namespace, results: Results) -> None:
+    """Every cell of the table not in ``results`` yet, each added as it finishes."""
+    for dataset in arguments.datasets:
+        data = load_dataset(dataset)
+        test_x, test_y = held_out_arrays(data)
+        per_round = min(arguments.clients_per_round, len(data.train.client_ids))
+        model_fn = functools.partial(mlp, data.feature_shape, data.num_classes, seed=SEED)
+        for algorithm in arguments.algorithms:
+            for client_lr, server_lr in grid(algorithm, arguments.grid):
+                key = cell_key(
+                    "table", dataset, algorithm, client_lr, server_lr,
+                    arguments.rounds, per_round, SEED,
+                )  # fmt: skip
+                if key in results.cells:
+                    continue
+                start = time.perf_counter()
+                process = build_process(algorithm, model_fn, client_lr, server_lr)
+                weights, loss, non_finite = await train(
+                    process, data, arguments.rounds, per_round
+                )
+                accuracy = held_out_accuracy(model_fn, weights, test_x, test_y)
+                record = {
+                    "part": "table",
+                    "dataset": dataset,
+                    "algorithm": algorithm,
+                    "client_lr": client_lr,
+                    "server_lr": server_lr,
+                    "rounds": arguments.rounds,
+                    "clients_per_round": per_round,
+                    "seed": SEED,
+                    "held_out_accuracy": accuracy,
+                    "held_out_examples": int(test_y.size),
+                    "final_train_loss": loss,
+                    "non_finite_rounds": non_finite,
+                    "seconds": round(time.perf_counter() - start, 2),
+                }
+                results.add(key, record)
+                print(
+                    f"{dataset:14} {algorithm:8} client {client_lr:<5} server {server_lr:<6}"
+                    f" accuracy {accuracy:.4f} loss {loss:.4f} ({record['seconds']} s)",
+                    flush=True,
+                )
+
+
+def best_cells(
+    cells: Sequence[dict[str, Any]],
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """The best cell (highest held-out accuracy) per (data set, algorithm)."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in cells:
+        group = (cell["dataset"], cell["algorithm"])
+        if group not in best or cell["held_out_accuracy"] > best[group]["held_out_accuracy"]:
+            best[group] = cell
+    return best
+
+
+def _rate(value: float, choices: Sequence[float], full: bool) -> str:
+    edge = full and value in (choices[0], choices[-1])
+    return f"{value:g}{'*' if edge else ''}"
+
+
+def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
+    """The Markdown table of the best cells: one row per algorithm, one column per data
+    set, ``accuracy (client lr / server lr)``; ``*`` marks a rate at the grid's edge."""
+    table_cells = [cell for cell in cells if cell["part"] == "table"]
+    best = best_cells(table_cells)
+    datasets = [name for name in DATASETS if any(group[0] == name for group in best)]
+    counts: dict[tuple[str, str], int] = {}
+    for cell in table_cells:
+        group = (cell["dataset"], cell["algorithm"])
+        counts[group] = counts.get(group, 0) + 1
+    lines = [
+        "| algorithm | " + " | ".join(datasets) + " |",
+        "|---|" + "---|" * len(datasets),
+    ]
+    for algorithm in ALGORITHMS:
+        row = []
+        for dataset in datasets:
+            cell = best.get((dataset, algorithm))
+            if cell is None:
+                row.append("not run")
+                continue
+            full = counts[(dataset, algorithm)] == 9
+            rates = (
+                f"{_rate(cell['client_lr'], CLIENT_LRS, full)} / "
+                f"{_rate(cell['server_lr'], SERVER_LRS[algorithm], full)}"
+            )
+            cells_note = "" if full else f", {counts[(dataset, algorithm)]} cells"
+            row.append(f"{cell['held_out_accuracy']:.3f} ({rates}{cells_note})")
+        if any(entry != "not run" for entry in row):
+            lines.append(f"| {algorithm} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--clients-per-round", type=int, default=10)
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("--grid", choices=("full", "center"), default="full")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--table-only", action="store_true", help="print the table of --out, train nothing"
+    )
+    arguments = parser.parse_args(argv)
+    if arguments.rounds < 1 or arguments.clients_per_round < 1:
+        parser.error("--rounds and --clients-per-round must be at least 1")
+    return arguments
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    arguments = parse_arguments(argv)
+    results = Results(arguments.out)
+    if not arguments.table_only:
+        anyio.run(run_table, arguments, results)
+    print(markdown_table(list(results.cells.values())))
+
+
+if __name__ == "__main__":
+    main()
