@@ -11,7 +11,7 @@ its rates; a rate at the edge of its grid is marked ``*`` (the best may lie outs
 Data sets (``--datasets``):
 
 - ``digits``: scikit-learn's digits split by writer (``load_digits_writers``): the 10
-  training writers are the clients, the 4 held-out writers (503 digits) the test set;
+  training writers are the clients, the 4 held-out writers (510 digits) the test set;
   a round takes ``min(--clients-per-round, 10)`` writers;
 - ``fmnist_dir0.1`` and ``fmnist_dir1.0``: Fashion-MNIST's 60,000 training images over
   100 clients with Dirichlet(0.1) or Dirichlet(1.0) label skew (``load_fashion_mnist``,
@@ -142,9 +142,7 @@ def build_process(
 ) -> Any:
     """The training process of ``algorithm`` with the two learning rates (``extra`` goes
     to the builder, e.g. ``model_aggregator=``)."""
-    preprocess = Preprocessing(
-        epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle_buffer=SHUFFLE_BUFFER
-    )
+    preprocess = Preprocessing(epochs=EPOCHS, batch_size=BATCH_SIZE, shuffle_buffer=SHUFFLE_BUFFER)
     server = server_optimizer(algorithm, server_lr)
     if algorithm == "fedprox":
         return build_weighted_fed_prox(
@@ -177,6 +175,195 @@ async def train(
             loss = float(output.metrics["client_work"]["train"]["loss"])
             non_finite += int(output.metrics["finalizer"]["update_non_finite"])
     return process.get_model_weights(state), loss, non_finite
+
+
+ATTACK_FACTORS = {"none": 1.0, "scaled": -10.0, "sign_flipped": -1.0}
+"""What the attackers multiply their update (the delta ``initial - trained``) by."""
+AGGREGATORS = ("mean", "median", "trimmed_mean")
+ATTACKER_FRACTION = 0.2
+POISONING_CLIENT_LR = 0.1
+POISONING_SERVER_LR = 1.0
+
+
+def attacked(inner: Any, attackers: int, factor: float) -> Any:
+    """``inner`` (a ``ModelAggregator``) behind a transform that multiplies the deltas of
+    the first ``attackers`` clients of every group by ``factor``.
+
+    :func:`poisoning_cohort` puts the round's attackers first and the round runs as one
+    group, so these are exactly the attackers. Their weights (example counts) are kept.
+    The measurement ``attacked_count`` counts the attacked clients of a round.
+    """
+    import dataclasses
+
+    from programlogic.learning.aggregators import ClientTransform, ModelAggregator
+
+    from programlogic.learning._tensorflow import tf
+
+    @dataclasses.dataclass(frozen=True)
+    class Attack(ClientTransform):
+        inner: ModelAggregator
+        attackers: int
+        factor: float
+
+        def transform(
+            self, params: dict[str, Any], deltas: list[Any], weights: Any
+        ) -> tuple[list[Any], Any, dict[str, Any]]:
+            rows = tf.range(tf.shape(weights)[0]) < self.attackers
+            scale = tf.where(rows, tf.constant(self.factor), tf.constant(1.0))
+            scaled = [
+                delta * tf.reshape(tf.cast(scale, delta.dtype), [-1] + [1] * (len(delta.shape) - 1))
+                for delta in deltas
+            ]
+            hit = tf.logical_and(rows, weights > 0)
+            return scaled, weights, {"attacked_count": tf.cast(hit, tf.float64)}
+
+        def describe(self) -> dict[str, Any]:
+            return {
+                "aggregator": "attack",
+                "attackers": self.attackers,
+                "factor": self.factor,
+                "inner": self.inner.describe(),
+            }
+
+    return Attack(inner, attackers, factor)
+
+
+def make_aggregator(name: str) -> Any:
+    """The aggregator ``name`` (one of :data:`AGGREGATORS`): trimmed mean with beta 0.2."""
+    from programlogic.learning import aggregators
+
+    if name == "trimmed_mean":
+        return aggregators.trimmed_mean(0.2)
+    return getattr(aggregators, name)()
+
+
+def poisoning_cohort(
+    data: FederatedData, per_round: int, attackers: int
+) -> Callable[[int], list[Any]]:
+    """The cohort of a round: ``attackers`` clients drawn from the attacker pool, then
+    ``per_round - attackers`` from the others, both seeded per round.
+
+    The pool is the first ``ATTACKER_FRACTION`` of the training clients in id order
+    (writers 00-01 of the digits; clients 000-019 of Fashion-MNIST), so a round's cohort
+    holds 20 % attackers exactly, as the paper-style "20 % malicious clients" means.
+    """
+    from programlogic.data import ClientSampler
+
+    handles = data.train.all_clients()
+    pool_size = round(ATTACKER_FRACTION * len(handles))
+    pool = ClientSampler(handles[:pool_size], SEED)
+    honest = ClientSampler(handles[pool_size:], SEED)
+
+    def cohort(round_num: int) -> list[Any]:
+        chosen = pool.select(attackers, round_num) if attackers else []
+        return chosen + honest.select(per_round - attackers, round_num)
+
+    return cohort
+
+
+async def train_cohorts(
+    process: Any, rounds: int, cohort: Callable[[int], list[Any]]
+) -> tuple[dict[str, Any], float, int, int]:
+    """Like :func:`train`, on the clients ``cohort(round)`` gives, in that order; also
+    the attacked clients counted over the run (from the ``aggregator`` metrics)."""
+    state = process.initialize()
+    loss = float("nan")
+    non_finite = 0
+    attacked_total = 0
+    async with LocalContext(max_workers=1):
+        for round_num in range(1, rounds + 1):
+            output = await process.next(state, cohort(round_num))
+            state = output.state
+            loss = float(output.metrics["client_work"]["train"]["loss"])
+            non_finite += int(output.metrics["finalizer"]["update_non_finite"])
+            attacked_total += int(output.metrics.get("aggregator", {}).get("attacked_count", 0))
+    return process.get_model_weights(state), loss, non_finite, attacked_total
+
+
+async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None:
+    """FedAvg (client SGD 0.1, server SGD 1.0) with each aggregator, without attackers
+    and with 20 % of each round's clients sending scaled or sign-flipped updates."""
+    for dataset in arguments.poisoning_datasets:
+        data = load_dataset(dataset)
+        test_x, test_y = held_out_arrays(data)
+        per_round = min(arguments.clients_per_round, len(data.train.client_ids))
+        attackers = round(ATTACKER_FRACTION * per_round)
+        model_fn = functools.partial(mlp, data.feature_shape, data.num_classes, seed=SEED)
+        for aggregator in AGGREGATORS:
+            for attack, factor in ATTACK_FACTORS.items():
+                key = cell_key(
+                    "poisoning", dataset, aggregator, attack, arguments.rounds, per_round, SEED
+                )
+                if key in results.cells:
+                    continue
+                start = time.perf_counter()
+                count = 0 if attack == "none" else attackers
+                process = build_process(
+                    "fedavg",
+                    model_fn,
+                    POISONING_CLIENT_LR,
+                    POISONING_SERVER_LR,
+                    model_aggregator=attacked(make_aggregator(aggregator), count, factor),
+                    clients_per_group=per_round,
+                )
+                weights, loss, non_finite, hits = await train_cohorts(
+                    process, arguments.rounds, poisoning_cohort(data, per_round, attackers)
+                )
+                if hits != count * arguments.rounds:
+                    raise RuntimeError(
+                        f"expected {count} attacked clients a round, counted {hits} in "
+                        f"{arguments.rounds} rounds"
+                    )
+                accuracy = held_out_accuracy(model_fn, weights, test_x, test_y)
+                record = {
+                    "part": "poisoning",
+                    "dataset": dataset,
+                    "aggregator": aggregator,
+                    "attack": attack,
+                    "attack_factor": factor,
+                    "attackers_per_round": count,
+                    "rounds": arguments.rounds,
+                    "clients_per_round": per_round,
+                    "client_lr": POISONING_CLIENT_LR,
+                    "server_lr": POISONING_SERVER_LR,
+                    "seed": SEED,
+                    "held_out_accuracy": accuracy,
+                    "held_out_examples": int(test_y.size),
+                    "final_train_loss": loss,
+                    "non_finite_rounds": non_finite,
+                    "seconds": round(time.perf_counter() - start, 2),
+                }
+                results.add(key, record)
+                print(
+                    f"{dataset:14} {aggregator:12} {attack:12} accuracy {accuracy:.4f} "
+                    f"loss {loss:.4g} ({record['seconds']} s)",
+                    flush=True,
+                )
+
+
+def poisoning_table(cells: Sequence[dict[str, Any]]) -> str:
+    """The Markdown table of the poisoning cells: one row per data set and aggregator,
+    one column per attack."""
+    poisoning = {
+        (cell["dataset"], cell["aggregator"], cell["attack"]): cell
+        for cell in cells
+        if cell["part"] == "poisoning"
+    }
+    if not poisoning:
+        return ""
+    lines = [
+        "| data set | aggregator | no attack | 20 % scaled x-10 | 20 % sign-flipped |",
+        "|---|---|---|---|---|",
+    ]
+    for dataset in DATASETS:
+        for aggregator in AGGREGATORS:
+            row = []
+            for attack in ATTACK_FACTORS:
+                cell = poisoning.get((dataset, aggregator, attack))
+                row.append("not run" if cell is None else f"{cell['held_out_accuracy']:.3f}")
+            if any(entry != "not run" for entry in row):
+                lines.append(f"| {dataset} | {aggregator} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def cell_key(*parts: Any) -> str:
@@ -227,9 +414,7 @@ async def run_table(arguments: argparse.Namespace, results: Results) -> None:
                     continue
                 start = time.perf_counter()
                 process = build_process(algorithm, model_fn, client_lr, server_lr)
-                weights, loss, non_finite = await train(
-                    process, data, arguments.rounds, per_round
-                )
+                weights, loss, non_finite = await train(process, data, arguments.rounds, per_round)
                 accuracy = held_out_accuracy(model_fn, weights, test_x, test_y)
                 record = {
                     "part": "table",
@@ -313,6 +498,14 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grid", choices=("full", "center"), default="full")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
+        "--poisoning",
+        action="store_true",
+        help="run the poisoning test of the robust aggregators instead of the table",
+    )
+    parser.add_argument(
+        "--poisoning-datasets", nargs="+", choices=DATASETS, default=["digits", "fmnist_dir1.0"]
+    )
+    parser.add_argument(
         "--table-only", action="store_true", help="print the table of --out, train nothing"
     )
     arguments = parser.parse_args(argv)
@@ -325,8 +518,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments = parse_arguments(argv)
     results = Results(arguments.out)
     if not arguments.table_only:
-        anyio.run(run_table, arguments, results)
-    print(markdown_table(list(results.cells.values())))
+        anyio.run(run_poisoning if arguments.poisoning else run_table, arguments, results)
+    cells = list(results.cells.values())
+    print(markdown_table(cells))
+    print(poisoning_table(cells))
 
 
 if __name__ == "__main__":
