@@ -24,7 +24,11 @@ epsilon 1e-3; FedProx's mu is 0.01. The grids (:data:`CLIENT_LRS`, :data:`SERVER
 client lr {0.03, 0.1, 0.3} for all; server lr {0.3, 1, 3} for FedAvg and FedProx, {0.1,
 0.3, 1} for FedAvgM (a steady step is 10x the rate), {0.001, 0.01, 0.1} for FedAdam and
 FedYogi (Reddi et al.'s best server rates were in that range). ``--grid center`` runs
-only the middle cell.
+only the middle cell; ``--grid best --seed N`` runs again, with seed N, the best cell
+of each data set and algorithm found with the default seed 0 (the table then adds the
+mean and range over the seeds: how much of a difference is noise). ``--seed`` seeds
+the model's initial weights, the Fashion-MNIST partition, the client sampling and the
+client shuffles.
 
 ``--poisoning`` measures the robust aggregators instead (see :func:`poisoning_cells`).
 
@@ -34,8 +38,8 @@ resumes where it stopped. The script prints each cell, then the Markdown table.
 
     python bench/quality_table.py [--rounds 100] [--clients-per-round 10]
         [--datasets digits fmnist_dir0.1 fmnist_dir1.0]
-        [--algorithms fedavg fedavgm fedadam fedyogi fedprox] [--grid full|center]
-        [--out bench/results/quality_table.json] [--poisoning] [--table-only]
+        [--algorithms fedavg fedavgm fedadam fedyogi fedprox] [--grid full|center|best]
+        [--seed 0] [--out bench/results/quality_table.json] [--poisoning] [--table-only]
 
 Not run in CI (the full table is hours of CPU); ``tests/bench/test_quality_table_script.py``
 runs a 2-round, one-cell form.
@@ -92,18 +96,19 @@ PROXIMAL_STRENGTH = 0.01
 EPOCHS = 1
 BATCH_SIZE = 20
 SHUFFLE_BUFFER = 100
-SEED = 0
+DEFAULT_SEED = 0
 FASHION_CLIENTS = 100
 DEFAULT_OUT = REPO / "bench" / "results" / "quality_table.json"
 
 
-def load_dataset(name: str) -> FederatedData:
-    """The federated data set ``name`` (one of :data:`DATASETS`)."""
+def load_dataset(name: str, seed: int) -> FederatedData:
+    """The federated data set ``name`` (one of :data:`DATASETS`); ``seed`` draws the
+    Dirichlet partition of Fashion-MNIST."""
     if name == "digits":
         return load_digits_writers()
     if name.startswith("fmnist_dir"):
         alpha = float(name.removeprefix("fmnist_dir"))
-        return load_fashion_mnist(FASHION_CLIENTS, alpha=alpha, seed=SEED)
+        return load_fashion_mnist(FASHION_CLIENTS, alpha=alpha, seed=seed)
     raise ValueError(f"unknown data set {name!r}")
 
 
@@ -138,6 +143,7 @@ def build_process(
     model_fn: Callable[[], Any],
     client_lr: float,
     server_lr: float,
+    seed: int,
     **extra: Any,
 ) -> Any:
     """The training process of ``algorithm`` with the two learning rates (``extra`` goes
@@ -151,20 +157,20 @@ def build_process(
             sgd(client_lr),
             server,
             preprocess=preprocess,
-            seed=SEED,
+            seed=seed,
             **extra,
         )
     return build_weighted_fed_avg(
-        model_fn, sgd(client_lr), server, preprocess=preprocess, seed=SEED, **extra
+        model_fn, sgd(client_lr), server, preprocess=preprocess, seed=seed, **extra
     )
 
 
 async def train(
-    process: Any, data: FederatedData, rounds: int, clients_per_round: int
+    process: Any, data: FederatedData, rounds: int, clients_per_round: int, seed: int
 ) -> tuple[dict[str, Any], float, int]:
     """Run ``rounds`` rounds of ``process``; the final weights, the last round's training
     loss and how many rounds ended with a non-finite update (left unapplied)."""
-    sampler = data.train.iterator(SEED)
+    sampler = data.train.iterator(seed)
     state = process.initialize()
     loss = float("nan")
     non_finite = 0
@@ -238,7 +244,7 @@ def make_aggregator(name: str) -> Any:
 
 
 def poisoning_cohort(
-    data: FederatedData, per_round: int, attackers: int
+    data: FederatedData, per_round: int, attackers: int, seed: int
 ) -> Callable[[int], list[Any]]:
     """The cohort of a round: ``attackers`` clients drawn from the attacker pool, then
     ``per_round - attackers`` from the others, both seeded per round.
@@ -251,8 +257,8 @@ def poisoning_cohort(
 
     handles = data.train.all_clients()
     pool_size = round(ATTACKER_FRACTION * len(handles))
-    pool = ClientSampler(handles[:pool_size], SEED)
-    honest = ClientSampler(handles[pool_size:], SEED)
+    pool = ClientSampler(handles[:pool_size], seed)
+    honest = ClientSampler(handles[pool_size:], seed)
 
     def cohort(round_num: int) -> list[Any]:
         chosen = pool.select(attackers, round_num) if attackers else []
@@ -284,15 +290,21 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
     """FedAvg (client SGD 0.1, server SGD 1.0) with each aggregator, without attackers
     and with 20 % of each round's clients sending scaled or sign-flipped updates."""
     for dataset in arguments.poisoning_datasets:
-        data = load_dataset(dataset)
+        data = load_dataset(dataset, arguments.seed)
         test_x, test_y = held_out_arrays(data)
         per_round = min(arguments.clients_per_round, len(data.train.client_ids))
         attackers = round(ATTACKER_FRACTION * per_round)
-        model_fn = functools.partial(mlp, data.feature_shape, data.num_classes, seed=SEED)
+        model_fn = functools.partial(mlp, data.feature_shape, data.num_classes, seed=arguments.seed)
         for aggregator in AGGREGATORS:
             for attack, factor in ATTACK_FACTORS.items():
                 key = cell_key(
-                    "poisoning", dataset, aggregator, attack, arguments.rounds, per_round, SEED
+                    "poisoning",
+                    dataset,
+                    aggregator,
+                    attack,
+                    arguments.rounds,
+                    per_round,
+                    arguments.seed,
                 )
                 if key in results.cells:
                     continue
@@ -303,11 +315,14 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
                     model_fn,
                     POISONING_CLIENT_LR,
                     POISONING_SERVER_LR,
+                    arguments.seed,
                     model_aggregator=attacked(make_aggregator(aggregator), count, factor),
                     clients_per_group=per_round,
                 )
                 weights, loss, non_finite, hits = await train_cohorts(
-                    process, arguments.rounds, poisoning_cohort(data, per_round, attackers)
+                    process,
+                    arguments.rounds,
+                    poisoning_cohort(data, per_round, attackers, arguments.seed),
                 )
                 if hits != count * arguments.rounds:
                     raise RuntimeError(
@@ -326,7 +341,7 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
                     "clients_per_round": per_round,
                     "client_lr": POISONING_CLIENT_LR,
                     "server_lr": POISONING_SERVER_LR,
-                    "seed": SEED,
+                    "seed": arguments.seed,
                     "held_out_accuracy": accuracy,
                     "held_out_examples": int(test_y.size),
                     "final_train_loss": loss,
@@ -389,32 +404,54 @@ class Results:
         temporary.replace(self.path)
 
 
-def grid(algorithm: str, kind: str) -> list[tuple[float, float]]:
-    """The (client lr, server lr) cells of ``algorithm``: all 9, or the middle one."""
+def grid(
+    algorithm: str, kind: str, best: dict[str, Any] | None = None
+) -> list[tuple[float, float]]:
+    """The (client lr, server lr) cells of ``algorithm``: all 9, the middle one, or
+    (``"best"``) the cell ``best`` (none when it is None)."""
     servers = SERVER_LRS[algorithm]
+    if kind == "best":
+        return [] if best is None else [(best["client_lr"], best["server_lr"])]
     if kind == "center":
         return [(CLIENT_LRS[1], servers[1])]
     return [(client, server) for client in CLIENT_LRS for server in servers]
 
 
+def table_cells(
+    cells: Sequence[dict[str, Any]], rounds: int, seed: int | None = None
+) -> list[dict[str, Any]]:
+    """The cells of the table part run for ``rounds`` rounds (and with ``seed``)."""
+    return [
+        cell
+        for cell in cells
+        if cell["part"] == "table"
+        and cell["rounds"] == rounds
+        and (seed is None or cell["seed"] == seed)
+    ]
+
+
 async def run_table(arguments: argparse.Namespace, results: Results) -> None:
     """Every cell of the table not in ``results`` yet, each added as it finishes."""
     for dataset in arguments.datasets:
-        data = load_dataset(dataset)
+        data = load_dataset(dataset, arguments.seed)
         test_x, test_y = held_out_arrays(data)
         per_round = min(arguments.clients_per_round, len(data.train.client_ids))
-        model_fn = functools.partial(mlp, data.feature_shape, data.num_classes, seed=SEED)
+        model_fn = functools.partial(mlp, data.feature_shape, data.num_classes, seed=arguments.seed)
+        best = best_cells(table_cells(list(results.cells.values()), arguments.rounds, DEFAULT_SEED))
         for algorithm in arguments.algorithms:
-            for client_lr, server_lr in grid(algorithm, arguments.grid):
+            chosen = grid(algorithm, arguments.grid, best.get((dataset, algorithm)))
+            for client_lr, server_lr in chosen:
                 key = cell_key(
                     "table", dataset, algorithm, client_lr, server_lr,
-                    arguments.rounds, per_round, SEED,
+                    arguments.rounds, per_round, arguments.seed,
                 )  # fmt: skip
                 if key in results.cells:
                     continue
                 start = time.perf_counter()
-                process = build_process(algorithm, model_fn, client_lr, server_lr)
-                weights, loss, non_finite = await train(process, data, arguments.rounds, per_round)
+                process = build_process(algorithm, model_fn, client_lr, server_lr, arguments.seed)
+                weights, loss, non_finite = await train(
+                    process, data, arguments.rounds, per_round, arguments.seed
+                )
                 accuracy = held_out_accuracy(model_fn, weights, test_x, test_y)
                 record = {
                     "part": "table",
@@ -424,7 +461,7 @@ async def run_table(arguments: argparse.Namespace, results: Results) -> None:
                     "server_lr": server_lr,
                     "rounds": arguments.rounds,
                     "clients_per_round": per_round,
-                    "seed": SEED,
+                    "seed": arguments.seed,
                     "held_out_accuracy": accuracy,
                     "held_out_examples": int(test_y.size),
                     "final_train_loss": loss,
@@ -456,14 +493,17 @@ def _rate(value: float, choices: Sequence[float], full: bool) -> str:
     return f"{value:g}{'*' if edge else ''}"
 
 
-def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
-    """The Markdown table of the best cells: one row per algorithm, one column per data
-    set, ``accuracy (client lr / server lr)``; ``*`` marks a rate at the grid's edge."""
-    table_cells = [cell for cell in cells if cell["part"] == "table"]
-    best = best_cells(table_cells)
+def markdown_table(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> str:
+    """The Markdown table of the best cells of ``seed`` at ``rounds`` rounds: one row per
+    algorithm, one column per data set, ``accuracy (client lr / server lr)``; ``*``
+    marks a rate at the grid's edge. When the best cell also ran with other seeds
+    (``--grid best --seed N``), the mean and spread (min-max) over all its seeds follow."""
+    everything = table_cells(cells, rounds)
+    chosen = table_cells(cells, rounds, seed)
+    best = best_cells(chosen)
     datasets = [name for name in DATASETS if any(group[0] == name for group in best)]
     counts: dict[tuple[str, str], int] = {}
-    for cell in table_cells:
+    for cell in chosen:
         group = (cell["dataset"], cell["algorithm"])
         counts[group] = counts.get(group, 0) + 1
     lines = [
@@ -483,7 +523,21 @@ def markdown_table(cells: Sequence[dict[str, Any]]) -> str:
                 f"{_rate(cell['server_lr'], SERVER_LRS[algorithm], full)}"
             )
             cells_note = "" if full else f", {counts[(dataset, algorithm)]} cells"
-            row.append(f"{cell['held_out_accuracy']:.3f} ({rates}{cells_note})")
+            entry = f"{cell['held_out_accuracy']:.3f} ({rates}{cells_note})"
+            same = sorted(
+                other["held_out_accuracy"]
+                for other in everything
+                if all(
+                    other[name] == cell[name]
+                    for name in ("dataset", "algorithm", "client_lr", "server_lr")
+                )
+                and other["clients_per_round"] == cell["clients_per_round"]
+            )
+            if len(same) > 1:
+                entry += (
+                    f"; {len(same)} seeds {float(np.mean(same)):.3f} [{same[0]:.3f}-{same[-1]:.3f}]"
+                )
+            row.append(entry)
         if any(entry != "not run" for entry in row):
             lines.append(f"| {algorithm} | " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -495,8 +549,14 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
-    parser.add_argument("--grid", choices=("full", "center"), default="full")
+    parser.add_argument("--grid", choices=("full", "center", "best"), default="full")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        help="seeds the model, the partition, the client sampling and shuffles (default 0)",
+    )
     parser.add_argument(
         "--poisoning",
         action="store_true",
@@ -520,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not arguments.table_only:
         anyio.run(run_poisoning if arguments.poisoning else run_table, arguments, results)
     cells = list(results.cells.values())
-    print(markdown_table(cells))
+    print(markdown_table(cells, arguments.rounds, arguments.seed))
     print(poisoning_table(cells))
 
 
