@@ -592,6 +592,36 @@ def probes() -> list[Probe]:
                 ("metrics", "auc", TypeError),
                 ("metrics", ["no_such_metric"], ValueError),
                 ("metrics", ["auc", "auc"], ValueError),
+                ("client_weighting", "examples", ValueError),
+                ("model_aggregator", "median", TypeError),
+            ],
+        ),
+        (
+            "clipping",
+            lambda **arguments: learning().clipping(**arguments),
+            lambda: {"clip_norm": 1.0},
+            [
+                ("clip_norm", 0.0, ValueError),
+                ("clip_norm", math.inf, ValueError),
+                ("clip_norm", "1", TypeError),
+                ("inner", "mean", TypeError),
+            ],
+        ),
+        (
+            "median",
+            lambda **arguments: learning().median(**arguments),
+            dict,
+            [("max_clients", 0, ValueError), ("max_clients", 2.5, TypeError)],
+        ),
+        (
+            "trimmed_mean",
+            lambda **arguments: learning().trimmed_mean(**arguments),
+            dict,
+            [
+                ("beta", 0.5, ValueError),
+                ("beta", -0.1, ValueError),
+                ("beta", "0.2", TypeError),
+                ("max_clients", 0, ValueError),
             ],
         ),
         (
@@ -637,6 +667,7 @@ def probes() -> list[Probe]:
                 ("preprocess", 3, TypeError),
                 ("seed", -1, ValueError),
                 ("clients_per_group", 0, ValueError),
+                ("model_aggregator", 1, TypeError),
             ],
         ),
         (

@@ -1,11 +1,18 @@
 """Built-in learning processes on Keras and TensorFlow: federated averaging (weighted,
-unweighted, FedProx), federated SGD and evaluation.
+unweighted, FedProx), federated SGD and evaluation, with pluggable model aggregators.
 
 Needs TensorFlow >= 2.16 with Keras 3 (``pip install 'programlogic[learning]'``).
 Client work runs through the current federated context in compiled, vectorized groups.
 """
 
 from programlogic._deprecation import moved_names
+from programlogic.learning.aggregators import (
+    Aggregate,
+    ClientTransform,
+    ModelAggregator,
+    mean,
+    unweighted_mean,
+)
 from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.fed_prox import (
@@ -33,17 +40,21 @@ from programlogic.learning.optimizers import (
     sgd,
     yogi,
 )
+from programlogic.learning.robust import clipping, median, trimmed_mean
 
 __all__ = [
     "MODELS",
     "SGD",
     "Adagrad",
     "Adam",
+    "Aggregate",
+    "ClientTransform",
     "FedProx",
     "FedSGD",
     "FederatedEvaluation",
     "FunctionalModel",
     "KerasModelReleaseManager",
+    "ModelAggregator",
     "ModelWeights",
     "Optimizer",
     "RMSprop",
@@ -60,11 +71,16 @@ __all__ = [
     "build_unweighted_fed_prox",
     "build_weighted_fed_avg",
     "build_weighted_fed_prox",
+    "clipping",
     "cnn",
+    "mean",
+    "median",
     "mlp",
     "rmsprop",
     "sgd",
     "softmax_regression",
+    "trimmed_mean",
+    "unweighted_mean",
     "yogi",
 ]
 

@@ -24,7 +24,7 @@ import numpy as np
 from managers.validation import check_int, check_type
 from programlogic.context import FederatedContext, get_context
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._tensorflow import CompiledFunction, keras, tf
+from programlogic.learning._tensorflow import CompiledFunction, keras
 from programlogic.learning.keras_model import (
     DEFAULT_LOSS,
     FunctionalModel,
@@ -42,7 +42,6 @@ __all__ = [
     "ratio",
     "shared_compiled",
     "training_model",
-    "weighted_delta_sum",
 ]
 
 MAX_CLIENTS_PER_GROUP = 64
@@ -194,7 +193,8 @@ class GroupedProcess(abc.ABC):
         ``graph`` is a module-level function and ``config`` hashable values that, with
         the model, determine the graph it traces; ``weights`` are the trainable and
         non-trainable lists of arrays and ``group`` a
-        :class:`~programlogic.learning.keras_model.ClientGroup`.
+        :class:`~programlogic.learning.keras_model.ClientGroup`, followed by any inputs
+        :meth:`_run_group` is given.
         """
 
     def _compile(self) -> CompiledFunction:
@@ -203,16 +203,22 @@ class GroupedProcess(abc.ABC):
         return shared_compiled((graph, _model_key(self.model), config), fn)
 
     def _run_group(
-        self, weights: ModelWeights, datas: Sequence[Any], seeds: Sequence[int], group_size: int
+        self,
+        weights: ModelWeights,
+        datas: Sequence[Any],
+        seeds: Sequence[int],
+        group_size: int,
+        *inputs: Any,
     ) -> Any:
-        """The compiled group function on ``datas``, preprocessed with a seed each, padded."""
+        """The compiled group function on ``datas``, preprocessed with a seed each, padded,
+        with the further ``inputs`` its graph takes after the group."""
         examples = [self.preprocess.examples(data) for data in datas]
         orders = [
             self.preprocess.order(len(client.y), seed)
             for client, seed in zip(examples, seeds, strict=True)
         ]
         group = stack_clients(examples, orders, group_size)
-        return self._compiled(weights["trainable"], weights["non_trainable"], group)
+        return self._compiled(weights["trainable"], weights["non_trainable"], group, *inputs)
 
     def _plan_round(self, clients: Sequence[Any], round_name: str) -> tuple[FederatedContext, int]:
         """The current context and the round's group size; ``round_name`` names it in errors."""
@@ -236,25 +242,3 @@ def training_model(
     check_int("seed", seed, minimum=0)
     check_clients_per_group(clients_per_group)
     return functional_model(model_fn, loss, metrics)
-
-
-def weighted_delta_sum(
-    deltas: Sequence[Any], finite: Any, num_examples: Any, client_weighting: str
-) -> tuple[list[Any], Any]:
-    """The float64 sum of a group's ``deltas`` (stacked by client), each client weighted,
-    and the summed weight.
-
-    A client's weight is its ``num_examples`` or, ``"uniform"``, 1 if it has any; 0 if its
-    delta is not finite (whose zeroed delta then adds no NaN). Padding clients have no
-    examples and weigh nothing either way.
-    """
-    examples = tf.cast(num_examples, tf.float64)
-    if client_weighting == "uniform":
-        examples = tf.where(examples > 0, tf.ones_like(examples), tf.zeros_like(examples))
-    weight = tf.where(finite, examples, tf.zeros_like(examples))
-    delta_sum = []
-    for delta in deltas:
-        column = [-1] + [1] * (len(delta.shape) - 1)
-        kept = tf.where(tf.reshape(finite, column), tf.cast(delta, tf.float64), 0.0)
-        delta_sum.append(tf.reduce_sum(kept * tf.reshape(weight, column), axis=0))
-    return delta_sum, tf.reduce_sum(weight)

@@ -13,20 +13,22 @@ import numpy as np
 from programlogic.context import count_dropped_clients
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
+from programlogic.learning._client_update import train_group_graph
 from programlogic.learning._grouped import (
     MAX_CLIENTS_PER_GROUP as MAX_CLIENTS_PER_GROUP,
 )
-from programlogic.learning._grouped import (
-    GroupedProcess,
-    ratio,
-    training_model,
-    weighted_delta_sum,
-)
+from programlogic.learning._grouped import GroupedProcess, ratio, training_model
 from programlogic.learning._grouped import (
     plan_group_size as plan_group_size,
 )
 from programlogic.learning._tensorflow import tf
-from programlogic.learning.keras_model import ClientGroup, FunctionalModel, ModelWeights
+from programlogic.learning.aggregators import (
+    Mean,
+    ModelAggregator,
+    Partial,
+    check_aggregation,
+)
+from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.metrics import client_sums
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 from programlogic.process import LearningProcessOutput
@@ -38,31 +40,23 @@ __all__ = ["WeightedFedAvg", "build_weighted_fed_avg"]
 
 
 @dataclasses.dataclass
-class _GroupDelta:
-    """The example-weighted sum of a group's finite client deltas (float64), and its weight."""
-
-    delta_sum: list[np.ndarray]
-    weight: float
-
-
-@dataclasses.dataclass
 class _ClientUpdate:
     """What one client sends back: whether its delta is finite and its metric sums.
 
-    The first client of a group also carries the group's :class:`_GroupDelta`.
+    The first client of a group also carries the group's aggregation partial.
     """
 
     finite: bool
     sums: dict[str, float]
-    group: _GroupDelta | None = None
+    group: Partial | None = None
 
 
 @dataclasses.dataclass
 class _Totals:
-    """The example-weighted sum of client deltas and the summed metrics of a round."""
+    """The merged aggregation partial and the summed metrics of a round."""
 
-    delta_sum: list[np.ndarray] | None = None
-    weight: float = 0.0
+    aggregator: ModelAggregator
+    partial: Partial | None = None
     sums: dict[str, float] = dataclasses.field(default_factory=dict)
     non_finite_clients: int = 0
     dropped_clients: int = 0
@@ -74,14 +68,9 @@ class _Totals:
         if not update.finite:
             self.non_finite_clients += 1
 
-    def add_group(self, group: _GroupDelta) -> None:
-        """Add a group's weighted delta sum: model-sized NumPy work, for a worker thread."""
-        if self.delta_sum is None:
-            self.delta_sum = [np.array(total, dtype=np.float64) for total in group.delta_sum]
-        else:
-            for total, partial in zip(self.delta_sum, group.delta_sum, strict=True):
-                np.add(total, partial, out=total)
-        self.weight += group.weight
+    def add_group(self, partial: Partial) -> None:
+        """Merge a group's partial: model-sized NumPy work, for a worker thread."""
+        self.partial = self.aggregator.merge(self.partial, partial)
 
 
 class WeightedFedAvg(GroupedProcess):
@@ -124,40 +113,63 @@ class WeightedFedAvg(GroupedProcess):
         preprocess: Preprocessing,
         seed: int,
         clients_per_group: int | None,
+        *,
+        client_weighting: str = "num_examples",
+        model_aggregator: ModelAggregator | None = None,
     ) -> None:
         self.client_optimizer = client_optimizer
         self.server_optimizer = server_optimizer
         self.seed = seed
+        self.client_weighting = client_weighting
+        self.model_aggregator = Mean() if model_aggregator is None else model_aggregator
         super().__init__(model, preprocess, clients_per_group)
 
     def describe_configuration(self) -> dict[str, Any]:
         """The model and preprocessing (see ``GroupedProcess``), both optimizers'
-        hyperparameters and the seed of the client shuffles, as a JSON-able dict."""
+        hyperparameters, the seed of the client shuffles and, when not the defaults, the
+        client weighting and the model aggregator, as a JSON-able dict."""
         return {
             **super().describe_configuration(),
             "client_optimizer": self.client_optimizer.describe(),
             "server_optimizer": self.server_optimizer.describe(),
             "seed": self.seed,
+            **self._describe_aggregation(),
         }
 
+    def _describe_aggregation(self) -> dict[str, Any]:
+        # Left out when default, so checkpoints of runs before aggregators still resume.
+        described: dict[str, Any] = {}
+        if self.client_weighting != "num_examples":
+            described["client_weighting"] = self.client_weighting
+        if self.model_aggregator != Mean():
+            described["model_aggregator"] = self.model_aggregator.describe()
+        return described
+
     def initialize(self) -> dict[str, Any]:
-        """The round-0 state: the model's initial weights and a fresh server optimizer."""
+        """The round-0 state: the model's initial weights, a fresh server optimizer and,
+        when it has one, the model aggregator's state."""
         weights = self.model.initial_weights()
-        return {
+        state = {
             "round": 0,
             "model": weights,
             "server_optimizer": self.server_optimizer.initialize(weights["trainable"]),
         }
+        aggregator_state = self.model_aggregator.initialize()
+        if aggregator_state:
+            state["aggregator"] = aggregator_state
+        return state
 
     async def next(
         self, state: dict[str, Any], clients: Sequence[ClientHandle]
     ) -> LearningProcessOutput:
         """One round of FedAvg on ``clients``, computed through the current context."""
         context, group_size = self._plan_round(clients, "a FedAvg round")
+        self.model_aggregator.check_round(len(clients))
         round_num = int(state["round"]) + 1
-        broadcast = (state["model"], round_num, group_size)
-        totals = _Totals()
-        send, receive = anyio.create_memory_object_stream[_GroupDelta](math.inf)
+        params = self.model_aggregator.params(state.get("aggregator", {}))
+        broadcast = (state["model"], round_num, group_size, params)
+        totals = _Totals(self.model_aggregator)
+        send, receive = anyio.create_memory_object_stream[Partial](math.inf)
 
         def accumulate(totals: _Totals, update: _ClientUpdate) -> _Totals:
             totals.add_client(update)
@@ -197,14 +209,14 @@ class WeightedFedAvg(GroupedProcess):
 
     def _train_group(
         self,
-        broadcast: tuple[ModelWeights, int, int],
+        broadcast: tuple[ModelWeights, int, int, dict[str, Any]],
         client_ids: Sequence[str],
         datas: Sequence[Any],
     ) -> list[_ClientUpdate]:
-        weights, round_num, group_size = broadcast
+        weights, round_num, group_size, params = broadcast
         seeds = [client_seed(self.seed, round_num, client_id) for client_id in client_ids]
-        delta_sum, weight, finite, sums = self._run_group(weights, datas, seeds, group_size)
-        group = _GroupDelta([total.numpy() for total in delta_sum], float(weight))
+        partial, finite, sums = self._run_group(weights, datas, seeds, group_size, params)
+        group = tf.nest.map_structure(lambda tensor: tensor.numpy(), partial)
         finite = finite.numpy()
         sums = {name: value.numpy() for name, value in sums.items()}
         updates = [
@@ -218,17 +230,25 @@ class WeightedFedAvg(GroupedProcess):
         return updates
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _train_group_graph, (self.client_optimizer, 0.0, "num_examples")
+        return train_group_graph, (
+            self.client_optimizer,
+            0.0,
+            self.client_weighting,
+            self.model_aggregator,
+        )
 
     def _server_step(self, state: dict[str, Any], totals: _Totals) -> LearningProcessOutput:
         weights = state["model"]
         optimizer_state = state["server_optimizer"]
         trainable = weights["trainable"]
         update_non_finite = 0
-        if totals.weight > 0 and totals.delta_sum is not None:
+        aggregate = self.model_aggregator.finalize(
+            state.get("aggregator", {}), totals.partial, int(state["round"]) + 1
+        )
+        if aggregate.update is not None:
             mean_delta = [
-                (total / totals.weight).astype(w.dtype)
-                for total, w in zip(totals.delta_sum, trainable, strict=True)
+                np.asarray(update).astype(w.dtype)
+                for update, w in zip(aggregate.update, trainable, strict=True)
             ]
             new_state, new_trainable = self.server_optimizer.next(
                 optimizer_state, trainable, mean_delta
@@ -255,86 +275,15 @@ class WeightedFedAvg(GroupedProcess):
             "model": {"trainable": trainable, "non_trainable": weights["non_trainable"]},
             "server_optimizer": optimizer_state,
         }
-        metrics = {
+        if aggregate.state:
+            new_state["aggregator"] = aggregate.state
+        metrics: dict[str, Any] = {
             "client_work": {"train": train},
             "finalizer": {"update_non_finite": update_non_finite},
         }
+        if aggregate.measurements:
+            metrics["aggregator"] = aggregate.measurements
         return LearningProcessOutput(new_state, metrics)
-
-
-def _train_group_graph(
-    model: FunctionalModel,
-    optimizer: Optimizer,
-    proximal_strength: float,
-    client_weighting: str,
-    trainable: list[Any],
-    non_trainable: list[Any],
-    group: ClientGroup,
-) -> tuple[list[Any], Any, Any, dict[str, Any]]:
-    """A group's weighted delta sum, its weight, and each client's finiteness and sums.
-
-    A nonzero ``proximal_strength`` adds ``proximal_strength * (w - w_server)`` to each
-    client gradient (FedProx); ``client_weighting`` as in :func:`weighted_delta_sum`.
-    """
-
-    def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
-        x, y, batch_indices, mask = data
-        start = list(trainable)
-
-        def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-            weights, others, optimizer_state, sums = carry
-            with tf.GradientTape() as tape:
-                tape.watch(weights)
-                loss, new_others, batch_sums = model.batch(
-                    weights, others, x, y, batch_indices[index], mask[index], training=True
-                )
-            gradients = [
-                tf.zeros_like(w) if g is None else g
-                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
-            ]
-            if proximal_strength:
-                gradients = [
-                    g + proximal_strength * (w - w0)
-                    for g, w, w0 in zip(gradients, weights, start, strict=True)
-                ]
-            new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
-            has_data = batch_sums["num_examples"] > 0
-            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
-
-            def keep_if_empty(new: Any, old: Any) -> Any:
-                return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
-
-            return (
-                tf.nest.map_structure(keep_if_empty, new_weights, weights),
-                tf.nest.map_structure(keep_if_empty, new_others, others),
-                tf.nest.map_structure(keep_if_empty, new_state, optimizer_state),
-                {name: sums[name] + batch_sums[name] for name in sums},
-            )
-
-        initial_sums = {
-            **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
-            **model.metric_zeros(),
-        }
-        carry = (
-            start,
-            list(non_trainable),
-            tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
-            initial_sums,
-        )
-        num_batches = tf.shape(mask)[0]
-        index = tf.constant(0)
-        _, (trained, _, _, sums) = tf.while_loop(
-            lambda i, _: i < num_batches,
-            lambda i, c: (i + 1, step(i, c)),
-            (index, carry),
-        )
-        delta = [before - after for before, after in zip(start, trained, strict=True)]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
-        return delta, finite, sums
-
-    deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
-    delta_sum, weight = weighted_delta_sum(deltas, finite, sums["num_examples"], client_weighting)
-    return delta_sum, weight, finite, sums
 
 
 def build_weighted_fed_avg(
@@ -347,6 +296,8 @@ def build_weighted_fed_avg(
     preprocess: Preprocessing | None = None,
     seed: int = 0,
     clients_per_group: int | None = None,
+    client_weighting: str = "num_examples",
+    model_aggregator: ModelAggregator | None = None,
 ) -> WeightedFedAvg:
     """A :class:`WeightedFedAvg` learning process for the Keras model ``model_fn`` builds.
 
@@ -366,12 +317,25 @@ def build_weighted_fed_avg(
     - ``clients_per_group``: how many clients train in one compiled vectorized call
       (default: the round split evenly over the context's workers, see
       :func:`plan_group_size`).
+    - ``client_weighting``: each client's weight in the aggregation, ``"num_examples"``
+      (default) or ``"uniform"`` (TFF's ``ClientWeighting``).
+    - ``model_aggregator``: how the weighted client deltas become the round's update
+      (default :func:`~programlogic.learning.mean`; see
+      :mod:`programlogic.learning.aggregators`).
     """
+    client_weighting, model_aggregator = check_aggregation(client_weighting, model_aggregator)
     client_optimizer, server_optimizer = _fed_avg_optimizers(client_optimizer, server_optimizer)
     preprocess = Preprocessing() if preprocess is None else preprocess
     model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
     return WeightedFedAvg(
-        model, client_optimizer, server_optimizer, preprocess, seed, clients_per_group
+        model,
+        client_optimizer,
+        server_optimizer,
+        preprocess,
+        seed,
+        clients_per_group,
+        client_weighting=client_weighting,
+        model_aggregator=model_aggregator,
     )
 
 

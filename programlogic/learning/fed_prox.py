@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from managers.validation import check_choice, check_number
+from managers.validation import check_number
 from programlogic.datasets.preprocessing import Preprocessing
+from programlogic.learning._client_update import train_group_graph
 from programlogic.learning._grouped import training_model
-from programlogic.learning.fed_avg import WeightedFedAvg, _fed_avg_optimizers, _train_group_graph
+from programlogic.learning.aggregators import CLIENT_WEIGHTINGS as CLIENT_WEIGHTINGS
+from programlogic.learning.aggregators import ModelAggregator, check_aggregation
+from programlogic.learning.fed_avg import WeightedFedAvg, _fed_avg_optimizers
 from programlogic.learning.keras_model import FunctionalModel
 from programlogic.learning.optimizers import Optimizer
 
@@ -19,10 +22,6 @@ __all__ = [
     "build_unweighted_fed_prox",
     "build_weighted_fed_prox",
 ]
-
-CLIENT_WEIGHTINGS = ("num_examples", "uniform")
-"""How client deltas are weighted in the mean: TFF's ``ClientWeighting.NUM_EXAMPLES`` and
-``ClientWeighting.UNIFORM``."""
 
 
 class FedProx(WeightedFedAvg):
@@ -56,11 +55,18 @@ class FedProx(WeightedFedAvg):
         *,
         proximal_strength: float,
         client_weighting: str,
+        model_aggregator: ModelAggregator | None = None,
     ) -> None:
         self.proximal_strength = proximal_strength
-        self.client_weighting = client_weighting
         super().__init__(
-            model, client_optimizer, server_optimizer, preprocess, seed, clients_per_group
+            model,
+            client_optimizer,
+            server_optimizer,
+            preprocess,
+            seed,
+            clients_per_group,
+            client_weighting=client_weighting,
+            model_aggregator=model_aggregator,
         )
 
     def describe_configuration(self) -> dict[str, Any]:
@@ -72,10 +78,11 @@ class FedProx(WeightedFedAvg):
         }
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _train_group_graph, (
+        return train_group_graph, (
             self.client_optimizer,
             self.proximal_strength,
             self.client_weighting,
+            self.model_aggregator,
         )
 
 
@@ -86,6 +93,7 @@ def build_weighted_fed_prox(
     server_optimizer: Optimizer | Any = None,
     *,
     client_weighting: str = "num_examples",
+    model_aggregator: ModelAggregator | None = None,
     loss: Any = None,
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
@@ -98,10 +106,11 @@ def build_weighted_fed_prox(
     proximal term ``proximal_strength / 2 * ||w - w_server||^2`` of every client step;
     ``client_weighting`` is ``"num_examples"`` (default) or ``"uniform"``. The other
     arguments and defaults are :func:`~programlogic.learning.build_weighted_fed_avg`'s
-    (client ``sgd(0.02)``, server ``sgd(1.0)``, as TFF's server default).
+    (client ``sgd(0.02)``, server ``sgd(1.0)``, as TFF's server default; the
+    ``model_aggregator`` :func:`~programlogic.learning.mean`).
     """
     check_number("proximal_strength", proximal_strength, minimum=0, finite=True)
-    client_weighting = check_choice("client_weighting", client_weighting, CLIENT_WEIGHTINGS)
+    client_weighting, model_aggregator = check_aggregation(client_weighting, model_aggregator)
     client_optimizer, server_optimizer = _fed_avg_optimizers(client_optimizer, server_optimizer)
     preprocess = Preprocessing() if preprocess is None else preprocess
     model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
@@ -114,6 +123,7 @@ def build_weighted_fed_prox(
         clients_per_group,
         proximal_strength=float(proximal_strength),
         client_weighting=client_weighting,
+        model_aggregator=model_aggregator,
     )
 
 
@@ -123,6 +133,7 @@ def build_unweighted_fed_prox(
     client_optimizer: Optimizer | Any = None,
     server_optimizer: Optimizer | Any = None,
     *,
+    model_aggregator: ModelAggregator | None = None,
     loss: Any = None,
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
@@ -138,6 +149,7 @@ def build_unweighted_fed_prox(
         client_optimizer,
         server_optimizer,
         client_weighting="uniform",
+        model_aggregator=model_aggregator,
         loss=loss,
         metrics=metrics,
         preprocess=preprocess,
@@ -151,6 +163,7 @@ def build_unweighted_fed_avg(
     client_optimizer: Optimizer | Any = None,
     server_optimizer: Optimizer | Any = None,
     *,
+    model_aggregator: ModelAggregator | None = None,
     loss: Any = None,
     metrics: Sequence[str] = ("sparse_categorical_accuracy",),
     preprocess: Preprocessing | None = None,
@@ -167,6 +180,7 @@ def build_unweighted_fed_avg(
         client_optimizer,
         server_optimizer,
         client_weighting="uniform",
+        model_aggregator=model_aggregator,
         loss=loss,
         metrics=metrics,
         preprocess=preprocess,

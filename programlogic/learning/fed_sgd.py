@@ -6,12 +6,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._grouped import (
-    GroupedProcess,
-    training_model,
-    weighted_delta_sum,
-)
+from programlogic.learning._grouped import GroupedProcess, training_model
 from programlogic.learning._tensorflow import tf
+from programlogic.learning.aggregators import (
+    ModelAggregator,
+    Partial,
+    check_aggregation,
+    fold_clients,
+)
 from programlogic.learning.fed_avg import WeightedFedAvg
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
@@ -40,30 +42,44 @@ class FedSGD(WeightedFedAvg):
         preprocess: Preprocessing,
         seed: int,
         clients_per_group: int | None,
+        *,
+        model_aggregator: ModelAggregator | None = None,
     ) -> None:
-        super().__init__(model, sgd(0.0), server_optimizer, preprocess, seed, clients_per_group)
+        super().__init__(
+            model,
+            sgd(0.0),
+            server_optimizer,
+            preprocess,
+            seed,
+            clients_per_group,
+            model_aggregator=model_aggregator,
+        )
 
     def describe_configuration(self) -> dict[str, Any]:
-        """The model and preprocessing, the server optimizer and the seed, as a JSON-able dict."""
+        """The model and preprocessing, the server optimizer, the seed and a model
+        aggregator other than the mean, as a JSON-able dict."""
         return {
             **GroupedProcess.describe_configuration(self),
             "algorithm": "fed_sgd",
             "server_optimizer": self.server_optimizer.describe(),
             "seed": self.seed,
+            **self._describe_aggregation(),
         }
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        return _sgd_group_graph, ()
+        return _sgd_group_graph, (self.model_aggregator,)
 
 
 def _sgd_group_graph(
     model: FunctionalModel,
+    aggregator: ModelAggregator,
     trainable: list[Any],
     non_trainable: list[Any],
     group: ClientGroup,
-) -> tuple[list[Any], Any, Any, dict[str, Any]]:
-    """The group's example-weighted sum of client mean gradients, its weight, and each
-    client's finiteness and sums."""
+    params: dict[str, Any],
+) -> tuple[Partial, Any, dict[str, Any]]:
+    """The group's client mean gradients, example-weighted and folded by ``aggregator``,
+    and each client's finiteness and sums."""
 
     def client_gradient(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
         x, y, batch_indices, mask = data
@@ -113,8 +129,10 @@ def _sgd_group_graph(
         return mean, finite, sums
 
     gradients, finite, sums = tf.vectorized_map(client_gradient, tuple(group))
-    delta_sum, weight = weighted_delta_sum(gradients, finite, sums["num_examples"], "num_examples")
-    return delta_sum, weight, finite, sums
+    partial = fold_clients(
+        aggregator, params, gradients, finite, sums["num_examples"], "num_examples"
+    )
+    return partial, finite, sums
 
 
 def build_fed_sgd(
@@ -126,6 +144,7 @@ def build_fed_sgd(
     preprocess: Preprocessing | None = None,
     seed: int = 0,
     clients_per_group: int | None = None,
+    model_aggregator: ModelAggregator | None = None,
 ) -> FedSGD:
     """A :class:`FedSGD` learning process for the Keras model ``model_fn`` builds.
 
@@ -134,13 +153,22 @@ def build_fed_sgd(
       :func:`~programlogic.learning.optimizers.as_optimizer`.
     - ``preprocess``: the batches a client's gradient is computed over (default
       ``Preprocessing(epochs=1, batch_size=20, shuffle_buffer=0)``: each example once).
-    - ``loss``, ``metrics``, ``seed``, ``clients_per_group``: as
+    - ``loss``, ``metrics``, ``seed``, ``clients_per_group``, ``model_aggregator`` (of
+      the example-weighted client gradients): as
       :func:`~programlogic.learning.build_weighted_fed_avg`'s.
     """
+    _, model_aggregator = check_aggregation("num_examples", model_aggregator)
     server_optimizer = as_optimizer(
         sgd(0.1) if server_optimizer is None else server_optimizer, "server_optimizer"
     )
     if preprocess is None:
         preprocess = Preprocessing(epochs=1, batch_size=20, shuffle_buffer=0)
     model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
-    return FedSGD(model, server_optimizer, preprocess, seed, clients_per_group)
+    return FedSGD(
+        model,
+        server_optimizer,
+        preprocess,
+        seed,
+        clients_per_group,
+        model_aggregator=model_aggregator,
+    )

@@ -295,3 +295,38 @@ class TestFedEvalWithKerasMetrics(LearningProcessContract):
     @pytest.fixture
     def clients(self) -> Sequence[ClientHandle]:
         return tiny_clients()
+
+
+@functools.cache
+def robust_fed_avg(clip_norm=0.05):
+    from programlogic.learning import (
+        build_weighted_fed_avg,
+        clipping,
+        softmax_regression,
+        trimmed_mean,
+    )
+
+    return build_weighted_fed_avg(
+        functools.partial(softmax_regression, (FEATURES,), CLASSES),
+        preprocess=Preprocessing(epochs=2, batch_size=4, shuffle_buffer=8),
+        seed=5,
+        model_aggregator=clipping(clip_norm, trimmed_mean(0.2)),
+    )
+
+
+class TestFedAvgWithClippedTrimmedMean(LearningProcessContract):
+    @pytest.fixture
+    def process(self):
+        return robust_fed_avg()
+
+    @pytest.fixture
+    def make_process(self):
+        return robust_fed_avg.__wrapped__
+
+    @pytest.fixture
+    def other_process(self):
+        return robust_fed_avg.__wrapped__(0.5)
+
+    @pytest.fixture
+    def clients(self) -> Sequence[ClientHandle]:
+        return tiny_clients()

@@ -1,0 +1,95 @@
+"""FedAvg's client work as a traced graph: local training of a group of clients, folded.
+
+Shared by :class:`~programlogic.learning.fed_avg.WeightedFedAvg` and its FedProx variant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from programlogic.learning._tensorflow import tf
+from programlogic.learning.aggregators import ModelAggregator, Partial, fold_clients
+from programlogic.learning.keras_model import ClientGroup, FunctionalModel
+from programlogic.learning.optimizers import Optimizer
+
+__all__ = ["train_group_graph"]
+
+
+def train_group_graph(
+    model: FunctionalModel,
+    optimizer: Optimizer,
+    proximal_strength: float,
+    client_weighting: str,
+    aggregator: ModelAggregator,
+    trainable: list[Any],
+    non_trainable: list[Any],
+    group: ClientGroup,
+    params: dict[str, Any],
+) -> tuple[Partial, Any, dict[str, Any]]:
+    """A group's aggregation partial, and each client's finiteness and sums.
+
+    A nonzero ``proximal_strength`` adds ``proximal_strength * (w - w_server)`` to each
+    client gradient (FedProx); ``client_weighting`` and ``aggregator`` (with its round
+    ``params``) as in :func:`~programlogic.learning.aggregators.fold_clients`.
+    """
+
+    def train_client(data: tuple[Any, ...]) -> tuple[list[Any], Any, dict[str, Any]]:
+        x, y, batch_indices, mask = data
+        start = list(trainable)
+
+        def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            weights, others, optimizer_state, sums = carry
+            with tf.GradientTape() as tape:
+                tape.watch(weights)
+                loss, new_others, batch_sums = model.batch(
+                    weights, others, x, y, batch_indices[index], mask[index], training=True
+                )
+            gradients = [
+                tf.zeros_like(w) if g is None else g
+                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
+            ]
+            if proximal_strength:
+                gradients = [
+                    g + proximal_strength * (w - w0)
+                    for g, w, w0 in zip(gradients, weights, start, strict=True)
+                ]
+            new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
+            has_data = batch_sums["num_examples"] > 0
+            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
+
+            def keep_if_empty(new: Any, old: Any) -> Any:
+                return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
+
+            return (
+                tf.nest.map_structure(keep_if_empty, new_weights, weights),
+                tf.nest.map_structure(keep_if_empty, new_others, others),
+                tf.nest.map_structure(keep_if_empty, new_state, optimizer_state),
+                {name: sums[name] + batch_sums[name] for name in sums},
+            )
+
+        initial_sums = {
+            **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
+            **model.metric_zeros(),
+        }
+        carry = (
+            start,
+            list(non_trainable),
+            tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
+            initial_sums,
+        )
+        num_batches = tf.shape(mask)[0]
+        index = tf.constant(0)
+        _, (trained, _, _, sums) = tf.while_loop(
+            lambda i, _: i < num_batches,
+            lambda i, c: (i + 1, step(i, c)),
+            (index, carry),
+        )
+        delta = [before - after for before, after in zip(start, trained, strict=True)]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(d)) for d in delta])
+        return delta, finite, sums
+
+    deltas, finite, sums = tf.vectorized_map(train_client, tuple(group))
+    partial = fold_clients(
+        aggregator, params, deltas, finite, sums["num_examples"], client_weighting
+    )
+    return partial, finite, sums
