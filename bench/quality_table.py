@@ -30,24 +30,38 @@ mean and range over the seeds: how much of a difference is noise). ``--seed`` se
 the model's initial weights, the Fashion-MNIST partition, the client sampling and the
 client shuffles.
 
-``--poisoning`` measures the robust aggregators instead (see :func:`poisoning_cells`).
+``--poisoning`` measures the robust aggregators instead (``--poisoning-datasets``, all
+three by default): FedAvg (client SGD 0.1, server SGD 1.0, the grid's middle cell) with
+the ``model_aggregator`` ``mean()``, ``median()`` or ``trimmed_mean(0.2)``, without
+attack and with 20 % of every round's clients attacking. The attacker pool is the first
+20 % of the training clients by id (writers 00-01; Fashion-MNIST clients 000-019) and
+every round's cohort takes 20 % from it and 80 % from the others (2 + 8 of 10, drawn
+with the run's seed; the no-attack cells train on the same cohorts). An attacker sends
+its honest update (the delta ``initial - trained``) times -10 (``scaled``) or times -1
+(``sign_flipped``), with its true example count as weight: :class:`Attack`, a
+``ClientTransform`` in front of the aggregator, multiplies the first 2 rows of the
+round's one group, where the cohort puts the attackers; the run checks that it counted
+2 attacked clients a round.
 
 Results are appended to ``--out`` (JSON) after every cell; a cell already there (same
 data set, algorithm, rates, rounds, clients per round, seed) is skipped, so a long run
-resumes where it stopped. The script prints each cell, then the Markdown table.
+resumes where it stopped. The script prints each cell, then the Markdown tables of
+``--out`` for ``--rounds`` and ``--seed``.
 
     python bench/quality_table.py [--rounds 100] [--clients-per-round 10]
         [--datasets digits fmnist_dir0.1 fmnist_dir1.0]
         [--algorithms fedavg fedavgm fedadam fedyogi fedprox] [--grid full|center|best]
-        [--seed 0] [--out bench/results/quality_table.json] [--poisoning] [--table-only]
+        [--seed 0] [--out bench/results/quality_table.json] [--table-only]
+    python bench/quality_table.py --poisoning [--poisoning-datasets ...] [--rounds 100]
 
-Not run in CI (the full table is hours of CPU); ``tests/bench/test_quality_table_script.py``
-runs a 2-round, one-cell form.
+Not run in CI (the full table is about half an hour of two cores);
+``tests/bench/test_quality_table_script.py`` runs a 2-round, one-cell form.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -65,7 +79,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import tensorflow as tf  # noqa: E402
+
 from programlogic import LocalContext  # noqa: E402
+from programlogic.data import ClientSampler  # noqa: E402
 from programlogic.datasets import (  # noqa: E402
     FederatedData,
     Preprocessing,
@@ -73,10 +90,15 @@ from programlogic.datasets import (  # noqa: E402
     load_fashion_mnist,
 )
 from programlogic.learning import (  # noqa: E402
+    ClientTransform,
+    ModelAggregator,
     build_weighted_fed_avg,
     build_weighted_fed_prox,
+    mean,
+    median,
     mlp,
     sgd,
+    trimmed_mean,
 )
 from samples._job_algorithms import server_optimizer  # noqa: E402
 
@@ -191,56 +213,51 @@ POISONING_CLIENT_LR = 0.1
 POISONING_SERVER_LR = 1.0
 
 
-def attacked(inner: Any, attackers: int, factor: float) -> Any:
-    """``inner`` (a ``ModelAggregator``) behind a transform that multiplies the deltas of
-    the first ``attackers`` clients of every group by ``factor``.
+@dataclasses.dataclass(frozen=True)
+class Attack(ClientTransform):
+    """``inner`` behind a transform that multiplies the deltas of the first ``attackers``
+    clients of every group by ``factor``, keeping their weights (example counts).
 
-    :func:`poisoning_cohort` puts the round's attackers first and the round runs as one
-    group, so these are exactly the attackers. Their weights (example counts) are kept.
-    The measurement ``attacked_count`` counts the attacked clients of a round.
+    :func:`poisoning_cohort` puts a round's attackers first and the round runs as one
+    group (``clients_per_group`` = the round's size), so these are exactly the
+    attackers: the simulated clients send ``factor`` times their honest update. The
+    measurement ``attacked_count`` counts a round's attacked clients.
     """
-    import dataclasses
 
-    from programlogic.learning.aggregators import ClientTransform, ModelAggregator
+    inner: ModelAggregator
+    attackers: int
+    factor: float
 
-    from programlogic.learning._tensorflow import tf
+    def transform(
+        self, params: dict[str, Any], deltas: list[Any], weights: Any
+    ) -> tuple[list[Any], Any, dict[str, Any]]:
+        """The first ``attackers`` deltas multiplied by ``factor``; counts them."""
+        rows = tf.range(tf.shape(weights)[0]) < self.attackers
+        scale = tf.where(rows, tf.constant(self.factor), tf.constant(1.0))
+        scaled = [
+            delta * tf.reshape(tf.cast(scale, delta.dtype), [-1] + [1] * (len(delta.shape) - 1))
+            for delta in deltas
+        ]
+        hit = tf.logical_and(rows, weights > 0)
+        return scaled, weights, {"attacked_count": tf.cast(hit, tf.float64)}
 
-    @dataclasses.dataclass(frozen=True)
-    class Attack(ClientTransform):
-        inner: ModelAggregator
-        attackers: int
-        factor: float
-
-        def transform(
-            self, params: dict[str, Any], deltas: list[Any], weights: Any
-        ) -> tuple[list[Any], Any, dict[str, Any]]:
-            rows = tf.range(tf.shape(weights)[0]) < self.attackers
-            scale = tf.where(rows, tf.constant(self.factor), tf.constant(1.0))
-            scaled = [
-                delta * tf.reshape(tf.cast(scale, delta.dtype), [-1] + [1] * (len(delta.shape) - 1))
-                for delta in deltas
-            ]
-            hit = tf.logical_and(rows, weights > 0)
-            return scaled, weights, {"attacked_count": tf.cast(hit, tf.float64)}
-
-        def describe(self) -> dict[str, Any]:
-            return {
-                "aggregator": "attack",
-                "attackers": self.attackers,
-                "factor": self.factor,
-                "inner": self.inner.describe(),
-            }
-
-    return Attack(inner, attackers, factor)
+    def describe(self) -> dict[str, Any]:
+        """The attack and the inner aggregator's description."""
+        return {
+            "aggregator": "attack",
+            "attackers": self.attackers,
+            "factor": self.factor,
+            "inner": self.inner.describe(),
+        }
 
 
-def make_aggregator(name: str) -> Any:
+def make_aggregator(name: str) -> ModelAggregator:
     """The aggregator ``name`` (one of :data:`AGGREGATORS`): trimmed mean with beta 0.2."""
-    from programlogic.learning import aggregators
-
+    if name == "median":
+        return median()
     if name == "trimmed_mean":
-        return aggregators.trimmed_mean(0.2)
-    return getattr(aggregators, name)()
+        return trimmed_mean(0.2)
+    return mean()
 
 
 def poisoning_cohort(
@@ -253,8 +270,6 @@ def poisoning_cohort(
     (writers 00-01 of the digits; clients 000-019 of Fashion-MNIST), so a round's cohort
     holds 20 % attackers exactly, as the paper-style "20 % malicious clients" means.
     """
-    from programlogic.data import ClientSampler
-
     handles = data.train.all_clients()
     pool_size = round(ATTACKER_FRACTION * len(handles))
     pool = ClientSampler(handles[:pool_size], seed)
@@ -316,7 +331,7 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
                     POISONING_CLIENT_LR,
                     POISONING_SERVER_LR,
                     arguments.seed,
-                    model_aggregator=attacked(make_aggregator(aggregator), count, factor),
+                    model_aggregator=Attack(make_aggregator(aggregator), count, factor),
                     clients_per_group=per_round,
                 )
                 weights, loss, non_finite, hits = await train_cohorts(
@@ -356,13 +371,13 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
                 )
 
 
-def poisoning_table(cells: Sequence[dict[str, Any]]) -> str:
-    """The Markdown table of the poisoning cells: one row per data set and aggregator,
-    one column per attack."""
+def poisoning_table(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> str:
+    """The Markdown table of the poisoning cells of ``rounds`` rounds and ``seed``: one
+    row per data set and aggregator, one column per attack."""
     poisoning = {
         (cell["dataset"], cell["aggregator"], cell["attack"]): cell
         for cell in cells
-        if cell["part"] == "poisoning"
+        if cell["part"] == "poisoning" and cell["rounds"] == rounds and cell["seed"] == seed
     }
     if not poisoning:
         return ""
@@ -501,6 +516,8 @@ def markdown_table(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> s
     everything = table_cells(cells, rounds)
     chosen = table_cells(cells, rounds, seed)
     best = best_cells(chosen)
+    if not best:
+        return ""
     datasets = [name for name in DATASETS if any(group[0] == name for group in best)]
     counts: dict[tuple[str, str], int] = {}
     for cell in chosen:
@@ -562,9 +579,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run the poisoning test of the robust aggregators instead of the table",
     )
-    parser.add_argument(
-        "--poisoning-datasets", nargs="+", choices=DATASETS, default=["digits", "fmnist_dir1.0"]
-    )
+    parser.add_argument("--poisoning-datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
     parser.add_argument(
         "--table-only", action="store_true", help="print the table of --out, train nothing"
     )
@@ -580,8 +595,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not arguments.table_only:
         anyio.run(run_poisoning if arguments.poisoning else run_table, arguments, results)
     cells = list(results.cells.values())
-    print(markdown_table(cells, arguments.rounds, arguments.seed))
-    print(poisoning_table(cells))
+    for table in (
+        markdown_table(cells, arguments.rounds, arguments.seed),
+        poisoning_table(cells, arguments.rounds, arguments.seed),
+    ):
+        if table:
+            print(table)
 
 
 if __name__ == "__main__":
