@@ -221,7 +221,9 @@ class Attack(ClientTransform):
     :func:`poisoning_cohort` puts a round's attackers first and the round runs as one
     group (``clients_per_group`` = the round's size), so these are exactly the
     attackers: the simulated clients send ``factor`` times their honest update. The
-    measurement ``attacked_count`` counts a round's attacked clients.
+    measurements: ``attacked_count``, a round's attacked clients, and
+    ``attacked_weighted``, those of them that weighed in (a client whose delta is not
+    finite weighs 0: once the mean diverges, most do).
     """
 
     inner: ModelAggregator
@@ -238,8 +240,12 @@ class Attack(ClientTransform):
             delta * tf.reshape(tf.cast(scale, delta.dtype), [-1] + [1] * (len(delta.shape) - 1))
             for delta in deltas
         ]
-        hit = tf.logical_and(rows, weights > 0)
-        return scaled, weights, {"attacked_count": tf.cast(hit, tf.float64)}
+        weighed = tf.logical_and(rows, weights > 0)
+        counts = {
+            "attacked_count": tf.cast(rows, tf.float64),
+            "attacked_weighted": tf.cast(weighed, tf.float64),
+        }
+        return scaled, weights, counts
 
     def describe(self) -> dict[str, Any]:
         """The attack and the inner aggregator's description."""
@@ -284,21 +290,27 @@ def poisoning_cohort(
 
 async def train_cohorts(
     process: Any, rounds: int, cohort: Callable[[int], list[Any]]
-) -> tuple[dict[str, Any], float, int, int]:
-    """Like :func:`train`, on the clients ``cohort(round)`` gives, in that order; also
-    the attacked clients counted over the run (from the ``aggregator`` metrics)."""
+) -> tuple[dict[str, Any], float, dict[str, int]]:
+    """Like :func:`train`, on the clients ``cohort(round)`` gives, in that order: the
+    final weights, the last round's training loss and counts summed over the rounds
+    (``non_finite_rounds``, ``non_finite_clients`` and the :class:`Attack`
+    measurements)."""
     state = process.initialize()
     loss = float("nan")
-    non_finite = 0
-    attacked_total = 0
+    totals = dict.fromkeys(
+        ("non_finite_rounds", "non_finite_clients", "attacked_count", "attacked_weighted"), 0
+    )
     async with LocalContext(max_workers=1):
         for round_num in range(1, rounds + 1):
             output = await process.next(state, cohort(round_num))
             state = output.state
-            loss = float(output.metrics["client_work"]["train"]["loss"])
-            non_finite += int(output.metrics["finalizer"]["update_non_finite"])
-            attacked_total += int(output.metrics.get("aggregator", {}).get("attacked_count", 0))
-    return process.get_model_weights(state), loss, non_finite, attacked_total
+            train = output.metrics["client_work"]["train"]
+            loss = float(train["loss"])
+            totals["non_finite_rounds"] += int(output.metrics["finalizer"]["update_non_finite"])
+            totals["non_finite_clients"] += int(train["num_non_finite_clients"])
+            for name in ("attacked_count", "attacked_weighted"):
+                totals[name] += int(output.metrics.get("aggregator", {}).get(name, 0))
+    return process.get_model_weights(state), loss, totals
 
 
 async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None:
@@ -334,11 +346,12 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
                     model_aggregator=Attack(make_aggregator(aggregator), count, factor),
                     clients_per_group=per_round,
                 )
-                weights, loss, non_finite, hits = await train_cohorts(
+                weights, loss, totals = await train_cohorts(
                     process,
                     arguments.rounds,
                     poisoning_cohort(data, per_round, attackers, arguments.seed),
                 )
+                hits = totals["attacked_count"]
                 if hits != count * arguments.rounds:
                     raise RuntimeError(
                         f"expected {count} attacked clients a round, counted {hits} in "
@@ -360,7 +373,7 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
                     "held_out_accuracy": accuracy,
                     "held_out_examples": int(test_y.size),
                     "final_train_loss": loss,
-                    "non_finite_rounds": non_finite,
+                    **totals,
                     "seconds": round(time.perf_counter() - start, 2),
                 }
                 results.add(key, record)
