@@ -573,6 +573,38 @@ def markdown_table(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> s
     return "\n".join(lines)
 
 
+def grid_tables(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> str:
+    """Every cell of ``rounds`` rounds and ``seed``: per data set, one row per algorithm
+    and one column per cell of the grid (client lr / server lr, in grid order)."""
+    chosen = {
+        (cell["dataset"], cell["algorithm"], cell["client_lr"], cell["server_lr"]): cell
+        for cell in table_cells(cells, rounds, seed)
+    }
+    blocks = []
+    for dataset in DATASETS:
+        if not any(key[0] == dataset for key in chosen):
+            continue
+        lines = [
+            f"{dataset}: held-out accuracy of every cell; c1-c3 are the client rates "
+            f"{', '.join(f'{rate:g}' for rate in CLIENT_LRS)}, s1-s3 the algorithm's "
+            "server rates from low to high",
+            "",
+            "| algorithm | "
+            + " | ".join(f"c{i} s{j}" for i in (1, 2, 3) for j in (1, 2, 3))
+            + " |",
+            "|---|" + "---|" * 9,
+        ]
+        for algorithm in ALGORITHMS:
+            row = []
+            for client_lr, server_lr in grid(algorithm, "full"):
+                cell = chosen.get((dataset, algorithm, client_lr, server_lr))
+                row.append("" if cell is None else f"{cell['held_out_accuracy']:.3f}")
+            if any(row):
+                lines.append(f"| {algorithm} | " + " | ".join(row) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=100)
@@ -596,6 +628,9 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--table-only", action="store_true", help="print the table of --out, train nothing"
     )
+    parser.add_argument(
+        "--all-cells", action="store_true", help="also print every cell of the grids"
+    )
     arguments = parser.parse_args(argv)
     if arguments.rounds < 1 or arguments.clients_per_round < 1:
         parser.error("--rounds and --clients-per-round must be at least 1")
@@ -611,6 +646,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for table in (
         markdown_table(cells, arguments.rounds, arguments.seed),
         poisoning_table(cells, arguments.rounds, arguments.seed),
+        grid_tables(cells, arguments.rounds, arguments.seed) if arguments.all_cells else "",
     ):
         if table:
             print(table)
