@@ -385,14 +385,15 @@ async def run_poisoning(arguments: argparse.Namespace, results: Results) -> None
 
 
 def poisoning_table(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> str:
-    """The Markdown table of the poisoning cells of ``rounds`` rounds and ``seed``: one
-    row per data set and aggregator, one column per attack."""
-    poisoning = {
-        (cell["dataset"], cell["aggregator"], cell["attack"]): cell
-        for cell in cells
-        if cell["part"] == "poisoning" and cell["rounds"] == rounds and cell["seed"] == seed
-    }
-    if not poisoning:
+    """The Markdown table of the poisoning cells of ``rounds`` rounds: one row per data
+    set and aggregator, one column per attack; the accuracy with ``seed``, or, when the
+    cell also ran with other seeds, the mean over all its seeds and their range."""
+    by_cell: dict[tuple[str, str, str], dict[int, float]] = {}
+    for cell in cells:
+        if cell["part"] == "poisoning" and cell["rounds"] == rounds:
+            key = (cell["dataset"], cell["aggregator"], cell["attack"])
+            by_cell.setdefault(key, {})[cell["seed"]] = cell["held_out_accuracy"]
+    if not any(seed in seeds for seeds in by_cell.values()):
         return ""
     lines = [
         "| data set | aggregator | no attack | 20 % scaled x-10 | 20 % sign-flipped |",
@@ -402,8 +403,17 @@ def poisoning_table(cells: Sequence[dict[str, Any]], rounds: int, seed: int) -> 
         for aggregator in AGGREGATORS:
             row = []
             for attack in ATTACK_FACTORS:
-                cell = poisoning.get((dataset, aggregator, attack))
-                row.append("not run" if cell is None else f"{cell['held_out_accuracy']:.3f}")
+                seeds = by_cell.get((dataset, aggregator, attack), {})
+                if seed not in seeds:
+                    row.append("not run")
+                elif len(seeds) == 1:
+                    row.append(f"{seeds[seed]:.3f}")
+                else:
+                    values = sorted(seeds.values())
+                    row.append(
+                        f"{float(np.mean(values)):.3f} [{values[0]:.3f}-{values[-1]:.3f}], "
+                        f"{len(values)} seeds"
+                    )
             if any(entry != "not run" for entry in row):
                 lines.append(f"| {dataset} | {aggregator} | " + " | ".join(row) + " |")
     return "\n".join(lines)
