@@ -73,7 +73,7 @@ class ModelAggregator(abc.ABC):
 
     A process calls, every round:
 
-    - :meth:`check_round` with the round's number of clients, before any work (and
+    - :meth:`check_round` with the round's client ids, before any work (and
       :meth:`empty_round` instead of the steps below the params when there are none);
     - :meth:`params` on the aggregator's state: the values the compiled group call
       takes as inputs (a dict of NumPy scalars or arrays: values that change from
@@ -105,8 +105,8 @@ class ModelAggregator(abc.ABC):
         """The compiled group call's inputs for a round with ``state`` (default: none)."""
         return {}
 
-    def check_round(self, num_clients: int) -> None:
-        """Raise (ValueError) before a round of ``num_clients`` this aggregator cannot hold."""
+    def check_round(self, client_ids: Sequence[str]) -> None:
+        """Raise (ValueError) before a round of these clients this aggregator cannot take."""
 
     def empty_round(self, trainable: list[np.ndarray]) -> Partial | None:
         """The merged partial of a round without clients, or None (the default) to refuse
@@ -207,9 +207,9 @@ class ClientTransform(ModelAggregator):
         """The inner aggregator's params under ``"inner"``."""
         return {"inner": self.inner.params(state.get("inner", {}))}
 
-    def check_round(self, num_clients: int) -> None:
+    def check_round(self, client_ids: Sequence[str]) -> None:
         """The inner aggregator's check."""
-        self.inner.check_round(num_clients)
+        self.inner.check_round(client_ids)
 
     def fold_group(self, params: dict[str, Any], deltas: list[Any], weights: Any) -> Partial:
         """The transformed clients folded by the inner aggregator, and the summed counts."""

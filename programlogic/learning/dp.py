@@ -13,9 +13,11 @@ TensorFlow Federated's ``DifferentiallyPrivateFactory.gaussian_fixed`` and
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -111,6 +113,25 @@ class DPMean(ModelAggregator):
         if isinstance(self.clip, AdaptiveClipping):
             state["clip"] = np.float64(self.clip.initial_clip)
         return state
+
+    def check_round(self, client_ids: Sequence[str]) -> None:
+        """Refuse a round that does not sample as the mechanism accounts for: a client
+        twice (sampling with replacement), or, for uniform and fixed sampling, another
+        number of clients than ``clients_per_round`` (ValueError)."""
+        counts = collections.Counter(client_ids)
+        repeated = [client for client, count in counts.items() if count > 1]
+        if repeated:
+            raise ValueError(
+                f"a differentially private round holds client {repeated[0]!r} "
+                f"{counts[repeated[0]]} times: sampling with replacement is not accounted, "
+                "sample with Sampling.POISSON (or uniform, or a fixed cohort)"
+            )
+        expected = self.mechanism.clients_per_round
+        if self.mechanism.sampling != "poisson" and len(client_ids) != expected:
+            raise ValueError(
+                f"a differentially private round holds {len(client_ids)} clients, but the "
+                f"mechanism accounts for {self.mechanism.sampling} sampling of {expected}"
+            )
 
     def params(self, state: dict[str, Any]) -> dict[str, Any]:
         """The round's clip, float32, for the compiled group call."""

@@ -173,7 +173,7 @@ class WeightedFedAvg(GroupedProcess):
                 totals = _Totals(self.model_aggregator, partial=empty)
                 return await get_context().run(self._server_step, state, totals)
         context, group_size = self._plan_round(clients, "a FedAvg round")
-        self.model_aggregator.check_round(len(clients))
+        self.model_aggregator.check_round([client.client_id for client in clients])
         round_num = int(state["round"]) + 1
         params = self.model_aggregator.params(state.get("aggregator", {}))
         broadcast = (state["model"], round_num, group_size, params)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -45,12 +46,12 @@ class _KeepsEveryUpdate(ModelAggregator):
 
     max_clients: int
 
-    def check_round(self, num_clients: int) -> None:
+    def check_round(self, client_ids: Sequence[str]) -> None:
         """Refuse a round of more than ``max_clients`` clients (ValueError)."""
-        if num_clients > self.max_clients:
+        if len(client_ids) > self.max_clients:
             raise ValueError(
                 f"{type(self).__name__.lower()} keeps every client's update in memory: a round "
-                f"of {num_clients} clients is more than its max_clients={self.max_clients}"
+                f"of {len(client_ids)} clients is more than its max_clients={self.max_clients}"
             )
 
     def fold_group(self, params: dict[str, Any], deltas: list[Any], weights: Any) -> Partial:

@@ -61,7 +61,8 @@ def hand_norms() -> np.ndarray:
 
 def mechanism(noise_multiplier: float = 0.0, **settings) -> GaussianMechanism:
     settings = {"num_clients": len(SIZES), "clients_per_round": len(SIZES), **settings}
-    return GaussianMechanism(noise_multiplier, sampling="fixed", **settings)
+    settings.setdefault("sampling", "fixed")
+    return GaussianMechanism(noise_multiplier, **settings)
 
 
 def process(aggregator, **settings):
@@ -236,3 +237,20 @@ async def test_a_round_that_sampled_nobody_adds_noise_and_counts() -> None:
     async with LocalContext(max_workers=2):
         with pytest.raises(ValueError, match="needs at least one client"):
             await plain.next(plain.initialize(), [])
+
+
+async def test_a_round_sampled_otherwise_than_the_mechanism_accounts_is_refused() -> None:
+    built = process(dp_mean(mechanism(1.0), 0.05, delta=DELTA, secret=SECRET))
+    state = built.initialize()
+    twice = [*handles(five_clients())[:4], handles(five_clients())[0]]
+    async with LocalContext(max_workers=2):
+        with pytest.raises(ValueError, match=r"holds client 'c0' 2 times: sampling with replace"):
+            await built.next(state, twice)
+        with pytest.raises(
+            ValueError, match="holds 4 clients, but the mechanism accounts for fixed"
+        ):
+            await built.next(state, handles(five_clients())[:4])
+    poisson = process(dp_mean(mechanism(1.0, sampling="poisson"), 0.05, delta=DELTA, secret=SECRET))
+    async with LocalContext(max_workers=2):
+        output = await poisson.next(poisson.initialize(), handles(five_clients())[:4])
+    assert output.metrics["privacy"]["rounds"] == 1
