@@ -9,6 +9,7 @@ clients a round and noise multiplier 1, epsilon (delta 1 / 10**1.1) is about 1.0
 import csv
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -224,10 +225,10 @@ async def test_a_dp_run_reports_epsilon_each_round_and_refuses_other_dp_flags(tm
     ]
     assert config["privacy_budget"] is None
 
-    other = run_job(*DP, "--dp-clip", "adaptive", "--dp-noise-multiplier", "0.5", "--root", root)
+    other = run_job(*DP, "--dp-clip", "adaptive", "--dp-noise-multiplier", "0.4", "--root", root)
     assert other.returncode == 1
     assert other.stderr.strip().splitlines()[-1] == (
-        f"main_job: {root} holds a run configured otherwise (--dp-noise-multiplier 1.0 -> 0.5; "
+        f"main_job: {root} holds a run configured otherwise (--dp-noise-multiplier 1.0 -> 0.4; "
         "--dp-clip 1.0 -> 'adaptive'): repeat its flags to resume, or pick another --root"
     )
     private = run_job("--clients-per-round", 5, "--eval-every", 2, "--root", root)
@@ -254,7 +255,7 @@ async def final_weights(root: pathlib.Path, rounds: int) -> list[np.ndarray]:
 
 
 async def test_a_privacy_budget_stops_the_run_and_a_resumed_run_stops_alike(tmp_path):
-    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
+    whole, pieces, copy = tmp_path / "whole", tmp_path / "pieces", tmp_path / "copy"
     budget = ("--privacy-budget", "1.8")  # epsilon 1.59 after round 2, 2.08 after round 3
     done = run_job(*DP, *budget, "--rounds", 4, "--root", whole)
     assert done.returncode == 0, done.stderr
@@ -267,12 +268,18 @@ async def test_a_privacy_budget_stops_the_run_and_a_resumed_run_stops_alike(tmp_
     assert first.returncode == 0, first.stderr
     assert "completed at round 1" in first.stderr
     assert "stopped training" not in first.stderr
+    shutil.copytree(pieces, copy)
     second = run_job(*DP, *budget, "--rounds", 4, "--root", pieces)
     assert second.returncode == 0, second.stderr
     assert "resuming after round 1" in second.stderr
     assert "privacy_budget_exhausted at round 2 (resumed after round 1)" in second.stderr
+    assert [int(row["key"]) for row in metric_rows(pieces / "metrics.csv")] == [1, 2]
+    # A new run draws its own noise secret (so whole's model differs), a resumed one reads
+    # it from the checkpoint: resuming the same checkpoint twice gives the same model.
+    resumed_again = run_job(*DP, *budget, "--rounds", 4, "--root", copy)
+    assert resumed_again.returncode == 0, resumed_again.stderr
     for expected, resumed in zip(
-        await final_weights(whole, 2), await final_weights(pieces, 2), strict=True
+        await final_weights(pieces, 2), await final_weights(copy, 2), strict=True
     ):
         assert np.array_equal(expected, resumed)
 
