@@ -146,7 +146,7 @@ async def run_one(
 
 def epsilon_text(value: float | None) -> str:
     if value is None:
-        return "- (no DP)"
+        return "no DP"
     return f"{value:.2f}"
 
 
