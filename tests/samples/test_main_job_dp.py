@@ -79,6 +79,12 @@ DP_AGGREGATORS = {
         "clip": 0.25,
         "delta": 1e-3,
     },
+    ("--dp-noise-multiplier", "2", "--algorithm", "fedprox", "--clients-per-round", "3"): {
+        "aggregator": "dp_mean",
+        "mechanism": mechanism_description(2.0, 3),
+        "clip": 1.0,
+        "delta": DIGITS_DELTA,
+    },
     ("--dp-noise-multiplier", "0.5", "--dp-clip", "adaptive", "--algorithm", "fedavgm"): {
         "aggregator": "dp_mean",
         "mechanism": mechanism_description(0.5, 10),
@@ -103,7 +109,7 @@ async def test_dp_flags_build_unweighted_fed_avg_with_dp_mean(flags, tmp_path):
     process = build_process(arguments, lambda: build_model("softmax", (8, 8), 10), num_clients=10)
     config = process.describe_configuration()
     assert config["client_weighting"] == "uniform"
-    assert config["proximal_strength"] == 0.0
+    assert config["proximal_strength"] == (0.01 if "fedprox" in flags else 0.0)
     assert config["model_aggregator"] == DP_AGGREGATORS[flags]
     momentum = 0.9 if "fedavgm" in flags else 0.0
     assert config["server_optimizer"]["momentum"] == momentum
@@ -294,3 +300,14 @@ async def test_a_privacy_budget_stops_the_run_and_a_resumed_run_stops_alike(tmp_
     larger = run_job(*DP, "--privacy-budget", "5", "--rounds", 4, "--root", pieces)
     assert larger.returncode == 1
     assert "--privacy-budget 1.8 -> 5.0" in larger.stderr
+
+
+async def test_the_progress_bar_shows_epsilon_when_a_round_reports_it(capsys):
+    from samples.main_job import ProgressBar
+
+    train = {"loss": 0.5, "sparse_categorical_accuracy": 0.75}
+    async with ProgressBar(3, 0) as bar:
+        await bar.release({"client_work": {"train": train}}, 1)
+        assert "eps=" not in capsys.readouterr().err
+        await bar.release({"client_work": {"train": train}, "privacy": {"epsilon": 1.2345}}, 2)
+        assert "acc=0.7500, eps=1.23" in capsys.readouterr().err
