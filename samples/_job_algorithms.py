@@ -18,7 +18,8 @@ The client optimizer is SGD with ``--client-lr`` for every algorithm.
 ``--aggregator`` picks how the client deltas are combined: ``mean`` (weighted by
 examples, the default), or the robust ``median`` and ``trimmed_mean`` (beta 0.2), which
 hold when a minority of clients send arbitrary updates; ``--clip-norm C`` first clips
-each client's delta to the L2 norm C.
+each client's delta to the L2 norm C. With ``--dp-noise-multiplier`` the clients are
+averaged with equal weights by ``dp_mean`` instead (see ``samples/_job_privacy.py``).
 """
 
 from __future__ import annotations
@@ -102,16 +103,49 @@ def model_aggregator(aggregator: str, clip_norm: float | None) -> Any:
     return inner if clip_norm is None else clipping(clip_norm, inner)
 
 
-def build_process(arguments: argparse.Namespace, model_fn: Callable[[], Any]) -> Any:
-    """The training process the flags name, for the model ``model_fn`` builds."""
+def build_process(
+    arguments: argparse.Namespace,
+    model_fn: Callable[[], Any],
+    *,
+    num_clients: int | None = None,
+) -> Any:
+    """The training process the flags name, for the model ``model_fn`` builds.
+
+    A DP run (``--dp-noise-multiplier``) needs ``num_clients``, the number of training
+    clients its rounds sample from.
+    """
     from programlogic.datasets import Preprocessing
-    from programlogic.learning import build_weighted_fed_avg, build_weighted_fed_prox, sgd
+    from programlogic.learning import (
+        build_unweighted_fed_avg,
+        build_unweighted_fed_prox,
+        build_weighted_fed_avg,
+        build_weighted_fed_prox,
+        sgd,
+    )
+    from samples._job_privacy import dp_model_aggregator
 
     preprocess = Preprocessing(
         epochs=arguments.epochs, batch_size=arguments.batch_size, shuffle_buffer=100
     )
     client = sgd(arguments.client_lr)
     server = server_optimizer(arguments.algorithm, arguments.server_lr)
+    common = {"preprocess": preprocess, "seed": arguments.seed}
+    if getattr(arguments, "dp_noise_multiplier", None) is not None:
+        if num_clients is None:
+            raise ValueError("a DP run needs num_clients, the number of training clients")
+        aggregator = dp_model_aggregator(arguments, num_clients)
+        if arguments.algorithm == "fedprox":
+            return build_unweighted_fed_prox(
+                model_fn,
+                arguments.proximal_strength,
+                client,
+                server,
+                model_aggregator=aggregator,
+                **common,
+            )
+        return build_unweighted_fed_avg(
+            model_fn, client, server, model_aggregator=aggregator, **common
+        )
     aggregator = model_aggregator(arguments.aggregator, arguments.clip_norm)
     if arguments.algorithm == "fedprox":
         return build_weighted_fed_prox(
@@ -119,15 +153,7 @@ def build_process(arguments: argparse.Namespace, model_fn: Callable[[], Any]) ->
             arguments.proximal_strength,
             client,
             server,
-            preprocess=preprocess,
-            seed=arguments.seed,
             model_aggregator=aggregator,
+            **common,
         )
-    return build_weighted_fed_avg(
-        model_fn,
-        client,
-        server,
-        preprocess=preprocess,
-        seed=arguments.seed,
-        model_aggregator=aggregator,
-    )
+    return build_weighted_fed_avg(model_fn, client, server, model_aggregator=aggregator, **common)

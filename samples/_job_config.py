@@ -39,6 +39,10 @@ RUN_DEFINING = (
     "proximal_strength",
     "aggregator",
     "clip_norm",
+    "dp_noise_multiplier",
+    "dp_clip",
+    "dp_delta",
+    "privacy_budget",
     "seed",
 )
 """The flags a rerun must repeat to resume; the others may change between runs."""
@@ -48,6 +52,10 @@ _RECORDED_LATER = {
     "proximal_strength": None,
     "aggregator": "mean",
     "clip_norm": None,
+    "dp_noise_multiplier": None,
+    "dp_clip": None,
+    "dp_delta": None,
+    "privacy_budget": None,
 }
 """Defining flags added after runs were recorded without them: what those runs used."""
 

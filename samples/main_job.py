@@ -23,6 +23,9 @@ after the last saved round and ends with the model an uninterrupted run gives. A
 ``--algorithm fedprox|fedavgm|fedadam|fedyogi`` and ``--aggregator mean|median|trimmed_mean``
 (``--clip-norm``): see ``samples/_job_algorithms.py``.
 
+``--dp-noise-multiplier Z`` trains with differential privacy (``--dp-clip``,
+``--dp-delta``, ``--privacy-budget EPSILON``): see ``samples/_job_privacy.py``.
+
 ``--context ray`` runs the client work on Ray actors: a local Ray cluster, or the
 cluster ``--ray-address HOST:PORT`` names (see the README's "Scale out on Ray").
 """
@@ -70,6 +73,13 @@ from samples._job_config import (
     record_config,
     run_config,
 )
+from samples._job_privacy import (
+    add_privacy_flags,
+    dp_delta,
+    mechanism,
+    privacy_stopping,
+    resolve_privacy_flags,
+)
 
 logger = logging.getLogger("main_job")
 
@@ -83,7 +93,8 @@ HELD_OUT_ACCURACY = f"client_work/eval/total_rounds_metrics/{ACCURACY}"
 
 
 class ProgressBar(ReleaseManager):
-    """A progress bar fed by training and evaluation metrics: round, loss, accuracy, rounds/s."""
+    """A progress bar fed by training and evaluation metrics: round, loss, accuracy, rounds/s,
+    and epsilon when the round reports ``privacy/epsilon``."""
 
     def __init__(self, total_rounds: int, first_round: int) -> None:
         from tqdm import tqdm
@@ -97,6 +108,8 @@ class ProgressBar(ReleaseManager):
         if "train" in value.get("client_work", {}):
             train = value["client_work"]["train"]
             self._postfix.update(loss=f"{train['loss']:.4f}", acc=f"{train[ACCURACY]:.4f}")
+            if "epsilon" in value.get("privacy", {}):
+                self._postfix.update(eps=f"{float(value['privacy']['epsilon']):.3g}")
             self._bar.update(max(0, key - self._bar.n))
         else:
             held_out = value["client_work"]["eval"]["current_round_metrics"]
@@ -135,7 +148,8 @@ async def run(arguments: argparse.Namespace) -> None:
         )
     await anyio.to_thread.run_sync(record_config, root, run_config(arguments))
     model_fn = functools.partial(build_model, arguments.model, data.feature_shape, data.num_classes)
-    process = build_process(arguments, model_fn)
+    process = build_process(arguments, model_fn, num_clients=num_train)
+    stopping = privacy_stopping(arguments, num_train)
     evaluation = build_fed_eval(model_fn)
     state_managers: dict[str, FileProgramStateManager] = {}
 
@@ -160,6 +174,16 @@ async def run(arguments: argparse.Namespace) -> None:
     ):
         versions = await state.get_versions()
         done = max(versions, default=0)
+        within = arguments.rounds
+        if stopping is not None:
+            within = await anyio.to_thread.run_sync(stopping.rounds_within_budget)
+            logger.info(
+                "privacy budget: epsilon %g at delta %.3g allows %d round%s",
+                stopping.epsilon,
+                stopping.delta,
+                within,
+                "" if within == 1 else "s",
+            )
         if done >= arguments.rounds:
             logger.info(
                 "%s already holds round %d of %d: pass --rounds > %d to train on",
@@ -168,6 +192,8 @@ async def run(arguments: argparse.Namespace) -> None:
                 arguments.rounds,
                 done,
             )
+        elif done and done >= within:
+            logger.info("%s already holds round %d, the last the privacy budget allows", root, done)
         elif done:
             logger.info("resuming after round %d from %s", done, root / "state")
         else:
@@ -219,6 +245,7 @@ async def run(arguments: argparse.Namespace) -> None:
                 evaluation_manager=evaluations,
                 evaluation_periodicity=arguments.eval_every,
                 seed=arguments.seed,
+                stopping=stopping,
             )
         for manager in state_managers.values():
             await manager.aclose()
@@ -232,12 +259,44 @@ async def run(arguments: argparse.Namespace) -> None:
         final_model_key(result.round_num),
         root / "models",
     )
+    if arguments.dp_noise_multiplier is not None:
+        await _log_privacy(arguments, num_train, result)
     version = shipped.version_path(final_model_key(result.round_num))
     logger.info("load the Keras model: keras.saving.load_model(%r)", str(version / "model.keras"))
     logger.info(
         "load the SavedModel: tf.saved_model.load(%r).signatures['serving_default']", str(version)
     )
     logger.info("plot the curves with: python samples/plot_metrics.py %s", root)
+
+
+async def _log_privacy(
+    arguments: argparse.Namespace, num_train: int, result: programlogic.TrainingResult
+) -> None:
+    """Log the final model's epsilon, and whether the privacy budget stopped training."""
+    from programlogic.privacy import PRIVACY_BUDGET_EXHAUSTED
+
+    spent = mechanism(arguments, num_train)
+    delta = dp_delta(arguments, num_train)
+    epsilon = await anyio.to_thread.run_sync(spent.epsilon, result.round_num, delta)
+    logger.info(
+        "privacy: epsilon %.4g at delta %.3g after round %d (noise multiplier %g, clip %s, "
+        "%s sampling of %d of %d clients)",
+        epsilon,
+        delta,
+        result.round_num,
+        arguments.dp_noise_multiplier,
+        arguments.dp_clip,
+        arguments.sampling,
+        arguments.clients_per_round,
+        num_train,
+    )
+    if result.stop_reason == PRIVACY_BUDGET_EXHAUSTED:
+        logger.info(
+            "the privacy budget (epsilon %g) stopped training after round %d of %d",
+            arguments.privacy_budget,
+            result.round_num,
+            arguments.rounds,
+        )
 
 
 async def _final_evaluation(path: Path, round_num: int) -> str:
@@ -288,8 +347,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sampling",
         choices=[str(mode) for mode in Sampling],
-        default="uniform",
-        help="how each round picks its clients",
+        help="how each round picks its clients (default: uniform; poisson with DP)",
     )
     parser.add_argument(
         "--dataset",
@@ -335,15 +393,15 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--aggregator",
         choices=AGGREGATORS,
-        default="mean",
-        help="how client updates combine: mean (by examples), or the robust median and "
-        "trimmed_mean (beta 0.2)",
+        help="how client updates combine: mean (by examples, the default), or the robust "
+        "median and trimmed_mean (beta 0.2)",
     )
     parser.add_argument(
         "--clip-norm",
         type=_rate,
         help="clip each client's update to this L2 norm before --aggregator (default: none)",
     )
+    add_privacy_flags(parser)
     parser.add_argument(
         "--eval-every",
         type=_whole(1),
@@ -379,6 +437,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if arguments.client_lr is None:
         arguments.client_lr = CLIENT_LEARNING_RATES[arguments.model]
     resolve_algorithm_flags(arguments, parser.error)
+    resolve_privacy_flags(arguments, parser.error)
     if arguments.dataset == "emnist" and arguments.emnist_train is None:
         parser.error("--dataset emnist needs --emnist-train FILE.h5")
     if arguments.ray_address is not None and arguments.context != "ray":
@@ -401,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"main_job: {error}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # not each SavedModel's assets
+    logging.getLogger("absl").setLevel(logging.ERROR)  # not dp-accounting's skipped RDP orders
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     try:

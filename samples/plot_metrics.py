@@ -3,6 +3,8 @@
     python samples/plot_metrics.py runs/main_job [--output runs/main_job/metrics.png]
 
 Reads the ``metrics.csv`` and ``evaluation.csv`` that ``samples/main_job.py`` writes.
+A DP run's (whose ``metrics.csv`` has ``privacy/epsilon``) gets a third panel: the
+held-out accuracy of each evaluated round against the epsilon spent by that round.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 TRAIN = "client_work/train/{}"
 HELD_OUT = "client_work/eval/current_round_metrics/{}"
 PANELS = (("loss", "loss"), ("sparse_categorical_accuracy", "accuracy"))
+EPSILON = "privacy/epsilon"
 
 
 def read_curves(path: Path, column: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -30,6 +33,28 @@ def read_curves(path: Path, column: str) -> dict[str, tuple[list[int], list[floa
     return curves
 
 
+def read_epsilons(path: Path) -> dict[int, float] | None:
+    """``{round: epsilon}`` from the CSV at ``path`` (round 0 spent none), or None without
+    a ``privacy/epsilon`` column."""
+    with path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    if not rows or EPSILON not in rows[0]:
+        return None
+    return {0: 0.0, **{int(row["key"]): float(row[EPSILON]) for row in rows if row[EPSILON]}}
+
+
+def accuracy_against_epsilon(
+    epsilons: dict[int, float], path: Path
+) -> tuple[list[float], list[float]]:
+    """The held-out accuracies of the CSV at ``path`` with the epsilon of their round, by
+    round (rounds without an epsilon are left out)."""
+    if not path.exists():
+        return [], []
+    curve = read_curves(path, HELD_OUT)["sparse_categorical_accuracy"]
+    pairs = [(epsilons[key], value) for key, value in zip(*curve, strict=True) if key in epsilons]
+    return [epsilon for epsilon, _ in pairs], [value for _, value in pairs]
+
+
 def plot(root: Path, output: Path) -> Path:
     """Draw the curves of the run in ``root`` to ``output``; return ``output``."""
     import matplotlib
@@ -41,7 +66,9 @@ def plot(root: Path, output: Path) -> Path:
         ("train", root / "metrics.csv", TRAIN),
         ("held-out", root / "evaluation.csv", HELD_OUT),
     ]
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(11, 4), constrained_layout=True)
+    epsilons = read_epsilons(root / "metrics.csv") if (root / "metrics.csv").exists() else None
+    panels = len(PANELS) + (0 if epsilons is None else 1)
+    figure, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), constrained_layout=True)
     for label, path, column in sources:
         if not path.exists():
             if label == "train":
@@ -50,13 +77,20 @@ def plot(root: Path, output: Path) -> Path:
                 )
             continue
         curves = read_curves(path, column)
-        for axis, (metric, title) in zip(axes, PANELS, strict=True):
+        for axis, (metric, title) in zip(axes[: len(PANELS)], PANELS, strict=True):
             rounds, values = curves[metric]
             axis.plot(rounds, values, marker="." if label == "held-out" else None, label=label)
             axis.set_title(title)
             axis.set_xlabel("round")
             axis.grid(alpha=0.3)
             axis.legend()
+    if epsilons is not None:
+        axis = axes[-1]
+        axis.plot(*accuracy_against_epsilon(epsilons, root / "evaluation.csv"), marker=".")
+        axis.set_title("held-out accuracy against privacy spent")
+        axis.set_xlabel("epsilon")
+        axis.set_ylabel("accuracy")
+        axis.grid(alpha=0.3)
     figure.suptitle(f"federated training: {root}")
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=100)
