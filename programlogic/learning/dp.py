@@ -32,6 +32,9 @@ __all__ = ["AdaptiveClipping", "DPMean", "adaptive_clipping", "dp_mean"]
 SECRET_WORDS = 4
 """The noise secret's size in 32-bit words (128 bits)."""
 
+SAMPLING_CODES = {"poisson": 0, "uniform": 1, "fixed": 2}
+_MECHANISM_FIELDS = "[noise_multiplier, num_clients, clients_per_round, sampling, sensitivity]"
+
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveClipping:
@@ -109,6 +112,7 @@ class DPMean(ModelAggregator):
         state: dict[str, Any] = {
             "secret": np.array(words, dtype=np.uint32),
             "rounds": np.int64(0),
+            "mechanism": self._mechanism_record(),
         }
         if isinstance(self.clip, AdaptiveClipping):
             state["clip"] = np.float64(self.clip.initial_clip)
@@ -134,8 +138,36 @@ class DPMean(ModelAggregator):
             )
 
     def params(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The round's clip, float32, for the compiled group call."""
+        """The round's clip, float32, for the compiled group call.
+
+        Raises ValueError when the state's rounds ran under another mechanism: the
+        accounting counts rounds of one mechanism (a run resumed with
+        ``resume_with_changed_configuration=True`` and another noise or sampling would
+        otherwise be accounted as if every round had had the new one).
+        """
+        recorded = np.asarray(state["mechanism"], dtype=np.float64)
+        if int(state["rounds"]) and not np.array_equal(recorded, self._mechanism_record()):
+            raise ValueError(
+                f"the {int(state['rounds'])} rounds of this state ran under another privacy "
+                f"mechanism ({_MECHANISM_FIELDS} = {recorded.tolist()}, now "
+                f"{self._mechanism_record().tolist()}): their privacy cost is not accounted "
+                "under this one; start a new run to change the mechanism"
+            )
         return {"clip": np.float32(self._clip(state))}
+
+    def _mechanism_record(self) -> np.ndarray:
+        """The mechanism's accounted values, as kept in the state."""
+        mechanism = self.mechanism
+        return np.array(
+            [
+                mechanism.noise_multiplier,
+                mechanism.num_clients,
+                mechanism.clients_per_round,
+                SAMPLING_CODES[mechanism.sampling],
+                mechanism.sensitivity_factor,
+            ],
+            dtype=np.float64,
+        )
 
     def fold_group(self, params: dict[str, Any], deltas: list[Any], weights: Any) -> Partial:
         """The group's clipped updates summed (float64), how many counted, and how many of

@@ -254,3 +254,15 @@ async def test_a_round_sampled_otherwise_than_the_mechanism_accounts_is_refused(
     async with LocalContext(max_workers=2):
         output = await poisson.next(poisson.initialize(), handles(five_clients())[:4])
     assert output.metrics["privacy"]["rounds"] == 1
+
+
+async def test_rounds_run_under_another_mechanism_are_not_accounted_as_this_ones() -> None:
+    first = process(dp_mean(mechanism(1.0), 0.05, delta=DELTA, secret=SECRET))
+    async with LocalContext(max_workers=2):
+        output = await first.next(first.initialize(), handles(five_clients()))
+        assert output.state["aggregator"]["mechanism"].tolist() == [1.0, 5, 5, 2, 1.0]
+        noisier = process(dp_mean(mechanism(2.0), 0.05, delta=DELTA, secret=SECRET))
+        with pytest.raises(ValueError, match=r"the 1 rounds of this state ran under another"):
+            await noisier.next(output.state, handles(five_clients()))
+        # A fresh state takes the new mechanism.
+        await noisier.next(noisier.initialize(), handles(five_clients()))
