@@ -108,18 +108,21 @@ async def test_without_noise_a_binding_clip_is_the_clipped_unweighted_mean() -> 
     assert private[0].metrics["privacy"]["clip"] == clip
 
 
-async def test_the_noise_has_the_mechanisms_scale_and_comes_from_the_secret() -> None:
+@pytest.mark.parametrize(("sampling", "sensitivity"), [("fixed", 1.0), ("uniform", 2.0)])
+async def test_the_noise_has_the_mechanisms_scale_and_comes_from_the_secret(
+    sampling: str, sensitivity: float
+) -> None:
+    """Uniform sampling is accounted under replace-one adjacency: twice the noise."""
     clip, multiplier = 0.05, 4.0
     noiseless = await rounds(process(dp_mean(mechanism(), clip, delta=DELTA)), count=1)
-    noisy = await rounds(
-        process(dp_mean(mechanism(multiplier), clip, delta=DELTA, secret=SECRET)), count=1
-    )
-    again = await rounds(
-        process(dp_mean(mechanism(multiplier), clip, delta=DELTA, secret=SECRET)), count=1
-    )
-    other = await rounds(
-        process(dp_mean(mechanism(multiplier), clip, delta=DELTA, secret=SECRET + 1)), count=1
-    )
+
+    def noisy_process(secret: int):
+        noisy_mechanism = mechanism(multiplier, sampling=sampling)
+        return process(dp_mean(noisy_mechanism, clip, delta=DELTA, secret=secret))
+
+    noisy = await rounds(noisy_process(SECRET), count=1)
+    again = await rounds(noisy_process(SECRET), count=1)
+    other = await rounds(noisy_process(SECRET + 1), count=1)
     assert_same_state(noisy[0].state, again[0].state)
     # The server's SGD 1.0 moves the model by minus the update: the noise is the
     # difference from the noiseless round, times the expected clients a round.
@@ -133,8 +136,8 @@ async def test_the_noise_has_the_mechanisms_scale_and_comes_from_the_secret() ->
             )
         ]
     )
-    assert np.std(noise) == pytest.approx(multiplier * clip, rel=0.15)
-    assert abs(np.mean(noise)) < 3 * multiplier * clip / math.sqrt(len(noise))
+    assert np.std(noise) == pytest.approx(multiplier * clip * sensitivity, rel=0.15)
+    assert abs(np.mean(noise)) < 3 * multiplier * clip * sensitivity / math.sqrt(len(noise))
     assert not np.array_equal(
         noisy[0].state["model"]["trainable"][0], other[0].state["model"]["trainable"][0]
     )
