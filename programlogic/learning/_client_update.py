@@ -1,6 +1,8 @@
-"""FedAvg's client work as a traced graph: local training of a group of clients, folded.
+"""Client work as traced graphs: local training of a group of clients, folded.
 
-Shared by :class:`~programlogic.learning.fed_avg.WeightedFedAvg` and its FedProx variant.
+:func:`train_group_graph` is the client update of
+:class:`~programlogic.learning.fed_avg.WeightedFedAvg` and its FedProx variant;
+:func:`batch_gradients` and :func:`training_zeros` are the steps FedSGD's graph shares.
 """
 
 from __future__ import annotations
@@ -12,7 +14,42 @@ from programlogic.learning.aggregators import ModelAggregator, Partial, fold_cli
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import Optimizer
 
-__all__ = ["train_group_graph"]
+__all__ = ["batch_gradients", "train_group_graph", "training_zeros"]
+
+
+def batch_gradients(
+    model: FunctionalModel,
+    trainable: list[Any],
+    non_trainable: list[Any],
+    x: Any,
+    y: Any,
+    indices: Any,
+    mask: Any,
+) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """A training batch, traced: the gradients of its loss with respect to ``trainable``
+    (zeros for a weight the loss does not reach), the non-trainable weights after it, and
+    its sums (:meth:`FunctionalModel.batch`'s, with ``num_batches``: 1 if the batch holds
+    an example, 0 for padding)."""
+    with tf.GradientTape() as tape:
+        tape.watch(trainable)
+        loss, new_non_trainable, sums = model.batch(
+            trainable, non_trainable, x, y, indices, mask, training=True
+        )
+    gradients = [
+        tf.zeros_like(w) if g is None else g
+        for w, g in zip(trainable, tape.gradient(loss, trainable), strict=True)
+    ]
+    sums["num_batches"] = tf.cast(sums["num_examples"] > 0, tf.float32)
+    return gradients, new_non_trainable, sums
+
+
+def training_zeros(model: FunctionalModel) -> dict[str, Any]:
+    """Zero sums of training batches by name, traced: ``loss_sum``, ``num_examples``,
+    ``num_batches`` and each metric's."""
+    return {
+        **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
+        **model.metric_zeros(),
+    }
 
 
 def train_group_graph(
@@ -39,15 +76,9 @@ def train_group_graph(
 
         def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
             weights, others, optimizer_state, sums = carry
-            with tf.GradientTape() as tape:
-                tape.watch(weights)
-                loss, new_others, batch_sums = model.batch(
-                    weights, others, x, y, batch_indices[index], mask[index], training=True
-                )
-            gradients = [
-                tf.zeros_like(w) if g is None else g
-                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
-            ]
+            gradients, new_others, batch_sums = batch_gradients(
+                model, weights, others, x, y, batch_indices[index], mask[index]
+            )
             if proximal_strength:
                 gradients = [
                     g + proximal_strength * (w - w0)
@@ -55,7 +86,6 @@ def train_group_graph(
                 ]
             new_state, new_weights = optimizer.next(optimizer_state, weights, gradients)
             has_data = batch_sums["num_examples"] > 0
-            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
 
             def keep_if_empty(new: Any, old: Any) -> Any:
                 return tf.where(has_data, tf.cast(new, tf.convert_to_tensor(old).dtype), old)
@@ -67,15 +97,11 @@ def train_group_graph(
                 {name: sums[name] + batch_sums[name] for name in sums},
             )
 
-        initial_sums = {
-            **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
-            **model.metric_zeros(),
-        }
         carry = (
             start,
             model.seeded(non_trainable, random_states),
             tf.nest.map_structure(tf.convert_to_tensor, optimizer.initialize(start)),
-            initial_sums,
+            training_zeros(model),
         )
         num_batches = tf.shape(mask)[0]
         index = tf.constant(0)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from programlogic.datasets.preprocessing import Preprocessing
+from programlogic.learning._client_update import batch_gradients, training_zeros
 from programlogic.learning._grouped import GroupedProcess, training_model
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.aggregators import (
@@ -87,18 +88,11 @@ def _sgd_group_graph(
 
         def step(index: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
             gradient_sum, others, sums = carry
-            with tf.GradientTape() as tape:
-                tape.watch(weights)
-                loss, new_others, batch_sums = model.batch(
-                    weights, others, x, y, batch_indices[index], mask[index], training=True
-                )
-            gradients = [
-                tf.zeros_like(w) if g is None else g
-                for w, g in zip(weights, tape.gradient(loss, weights), strict=True)
-            ]
+            gradients, new_others, batch_sums = batch_gradients(
+                model, weights, others, x, y, batch_indices[index], mask[index]
+            )
             count = batch_sums["num_examples"]
             has_data = count > 0
-            batch_sums["num_batches"] = tf.cast(has_data, tf.float32)
             new_others = [
                 tf.where(has_data, tf.cast(new, old.dtype), old)
                 for new, old in zip(new_others, others, strict=True)
@@ -109,14 +103,10 @@ def _sgd_group_graph(
                 {name: sums[name] + batch_sums[name] for name in sums},
             )
 
-        initial_sums = {
-            **{name: tf.constant(0.0) for name in ("loss_sum", "num_examples", "num_batches")},
-            **model.metric_zeros(),
-        }
         carry = (
             [tf.zeros_like(w) for w in weights],
             [tf.convert_to_tensor(w) for w in model.seeded(non_trainable, random_states)],
-            initial_sums,
+            training_zeros(model),
         )
         num_batches = tf.shape(mask)[0]
         _, (gradient_sum, _, sums) = tf.while_loop(
