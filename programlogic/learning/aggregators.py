@@ -36,7 +36,10 @@ __all__ = [
     "Mean",
     "ModelAggregator",
     "Partial",
+    "add_partials",
+    "by_client",
     "check_aggregation",
+    "client_norms",
     "fold_clients",
     "mean",
     "unweighted_mean",
@@ -73,11 +76,12 @@ class ModelAggregator(abc.ABC):
 
     A process calls, every round:
 
-    - :meth:`check_round` with the round's client ids, before any work (and
-      :meth:`empty_round` instead of the steps below the params when there are none);
-    - :meth:`params` on the aggregator's state: the values the compiled group call
-      takes as inputs (a dict of NumPy scalars or arrays: values that change from
+    - :meth:`params` on the aggregator's state, first: the values the compiled group
+      call takes as inputs (a dict of NumPy scalars or arrays: values that change from
       round to round go here rather than into the traced graph, which would recompile);
+      it may refuse a state it cannot go on from (ValueError);
+    - :meth:`check_round` with the round's client ids, before any work (and
+      :meth:`empty_round` instead of the steps below when there are none);
     - :meth:`fold_group` inside each group's compiled call, traced once per
       configuration: ``deltas`` is one tensor per trainable weight, stacked by client
       (``[clients, *shape]``, float32); ``weights`` float64 ``[clients]`` is each
@@ -147,23 +151,15 @@ class Mean(ModelAggregator):
         """The group's weighted sum of deltas (float64) and its summed weight."""
         if not self.weighted:
             weights = tf.where(weights > 0, tf.ones_like(weights), tf.zeros_like(weights))
-        sums = []
-        for delta in deltas:
-            column = tf.reshape(weights, [-1] + [1] * (len(delta.shape) - 1))
-            sums.append(tf.reduce_sum(tf.cast(delta, tf.float64) * column, axis=0))
+        sums = [
+            tf.reduce_sum(tf.cast(delta, tf.float64) * by_client(weights, delta), axis=0)
+            for delta in deltas
+        ]
         return {"sum": sums, "weight": tf.reduce_sum(weights)}
 
     def merge(self, total: Partial | None, partial: Partial) -> Partial:
         """The sums added, in place once the first partial was copied."""
-        if total is None:
-            return {
-                "sum": [np.array(each, dtype=np.float64) for each in partial["sum"]],
-                "weight": float(partial["weight"]),
-            }
-        for each, more in zip(total["sum"], partial["sum"], strict=True):
-            np.add(each, more, out=each)
-        total["weight"] += float(partial["weight"])
-        return total
+        return add_partials(total, partial)
 
     def finalize(self, state: dict[str, Any], total: Partial | None, round_num: int) -> Aggregate:
         """The weighted mean, or None when no client weighed anything."""
@@ -221,13 +217,12 @@ class ClientTransform(ModelAggregator):
 
     def merge(self, total: Partial | None, partial: Partial) -> Partial:
         """The inner partials merged and the counts added."""
-        counts = {name: float(value) for name, value in partial["counts"].items()}
         if total is None:
-            return {"inner": self.inner.merge(None, partial["inner"]), "counts": counts}
-        total["inner"] = self.inner.merge(total["inner"], partial["inner"])
-        for name, value in counts.items():
-            total["counts"][name] += value
-        return total
+            total = {"inner": None, "counts": None}
+        return {
+            "inner": self.inner.merge(total["inner"], partial["inner"]),
+            "counts": add_partials(total["counts"], partial["counts"]),
+        }
 
     def finalize(self, state: dict[str, Any], total: Partial | None, round_num: int) -> Aggregate:
         """The inner aggregate, with this transform's measurements added."""
@@ -267,11 +262,42 @@ def fold_clients(
     if client_weighting == "uniform":
         examples = tf.where(examples > 0, tf.ones_like(examples), tf.zeros_like(examples))
     weights = tf.where(finite, examples, tf.zeros_like(examples))
-    kept = []
-    for delta in deltas:
-        column = tf.reshape(finite, [-1] + [1] * (len(delta.shape) - 1))
-        kept.append(tf.where(column, delta, tf.zeros_like(delta)))
+    kept = [tf.where(by_client(finite, delta), delta, tf.zeros_like(delta)) for delta in deltas]
     return aggregator.fold_group(params, kept, weights)
+
+
+def by_client(values: Any, delta: Any) -> Any:
+    """``values`` (one a client, ``[clients]``) shaped to broadcast against ``delta``
+    (stacked by client, ``[clients, *shape]``), traced."""
+    return tf.reshape(values, [-1] + [1] * (len(delta.shape) - 1))
+
+
+def client_norms(deltas: Sequence[Any]) -> Any:
+    """Each client's global L2 norm over all its ``deltas`` (stacked by client), traced."""
+    squares = [
+        tf.reduce_sum(tf.reshape(tf.square(delta), [tf.shape(delta)[0], -1]), axis=1)
+        for delta in deltas
+    ]
+    return tf.sqrt(tf.add_n(squares))
+
+
+def add_partials(total: Partial | None, partial: Partial) -> Partial:
+    """``partial`` added to ``total`` key by key: lists of arrays elementwise in float64
+    (in place once ``total`` exists, a copy at first), numbers as floats."""
+    if total is None:
+        return {
+            key: [np.array(each, dtype=np.float64) for each in value]
+            if isinstance(value, list)
+            else float(value)
+            for key, value in partial.items()
+        }
+    for key, value in partial.items():
+        if isinstance(value, list):
+            for each, more in zip(total[key], value, strict=True):
+                np.add(each, more, out=each)
+        else:
+            total[key] += float(value)
+    return total
 
 
 def check_aggregation(

@@ -24,7 +24,14 @@ import numpy as np
 
 from managers.validation import check_number, check_type
 from programlogic.learning._tensorflow import tf
-from programlogic.learning.aggregators import Aggregate, ModelAggregator, Partial
+from programlogic.learning.aggregators import (
+    Aggregate,
+    ModelAggregator,
+    Partial,
+    add_partials,
+    by_client,
+    client_norms,
+)
 from programlogic.privacy import GaussianMechanism
 
 __all__ = ["AdaptiveClipping", "DPMean", "adaptive_clipping", "dp_mean"]
@@ -173,17 +180,13 @@ class DPMean(ModelAggregator):
         """The group's clipped updates summed (float64), how many counted, and how many of
         those were within the clip, less one half each (TFF's centred count)."""
         clip = params["clip"]
-        squares = [
-            tf.reduce_sum(tf.reshape(tf.square(delta), [tf.shape(delta)[0], -1]), axis=1)
-            for delta in deltas
-        ]
-        norms = tf.sqrt(tf.add_n(squares))
+        norms = client_norms(deltas)
         counted = tf.cast(weights > 0, tf.float64)
         scales = tf.cast(clip / tf.maximum(norms, clip), tf.float64) * counted
-        sums = []
-        for delta in deltas:
-            column = tf.reshape(scales, [-1] + [1] * (len(delta.shape) - 1))
-            sums.append(tf.reduce_sum(tf.cast(delta, tf.float64) * column, axis=0))
+        sums = [
+            tf.reduce_sum(tf.cast(delta, tf.float64) * by_client(scales, delta), axis=0)
+            for delta in deltas
+        ]
         within = tf.cast(norms <= clip, tf.float64) - 0.5
         return {
             "sum": sums,
@@ -201,17 +204,7 @@ class DPMean(ModelAggregator):
 
     def merge(self, total: Partial | None, partial: Partial) -> Partial:
         """The sums and counts added."""
-        if total is None:
-            return {
-                "sum": [np.array(each, dtype=np.float64) for each in partial["sum"]],
-                "count": float(partial["count"]),
-                "below": float(partial["below"]),
-            }
-        for each, more in zip(total["sum"], partial["sum"], strict=True):
-            np.add(each, more, out=each)
-        total["count"] += float(partial["count"])
-        total["below"] += float(partial["below"])
-        return total
+        return add_partials(total, partial)
 
     def finalize(self, state: dict[str, Any], total: Partial | None, round_num: int) -> Aggregate:
         """The noised mean, the next state (rounds, clip) and the privacy metrics."""

@@ -23,6 +23,8 @@ from programlogic.learning.aggregators import (
     Mean,
     ModelAggregator,
     Partial,
+    by_client,
+    client_norms,
 )
 
 __all__ = [
@@ -144,15 +146,9 @@ class Clipping(ClientTransform):
     ) -> tuple[list[Any], Any, dict[str, Any]]:
         """The deltas clipped; counts the counted clients that were."""
         clip_norm = params["clip_norm"]
-        squares = [
-            tf.reduce_sum(tf.reshape(tf.square(delta), [tf.shape(delta)[0], -1]), axis=1)
-            for delta in deltas
-        ]
-        norms = tf.sqrt(tf.add_n(squares))
+        norms = client_norms(deltas)
         scales = clip_norm / tf.maximum(norms, clip_norm)
-        clipped = [
-            delta * tf.reshape(scales, [-1] + [1] * (len(delta.shape) - 1)) for delta in deltas
-        ]
+        clipped = [delta * by_client(scales, delta) for delta in deltas]
         was_clipped = tf.logical_and(norms > clip_norm, weights > 0)
         return clipped, weights, {"clipped_count": tf.cast(was_clipped, tf.float64)}
 
