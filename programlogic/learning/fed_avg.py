@@ -167,6 +167,8 @@ class WeightedFedAvg(GroupedProcess):
         A round without clients is refused (ValueError) unless the model aggregator
         takes one (see ``ModelAggregator.empty_round``).
         """
+        # The aggregator checks its state here, for a round without clients too.
+        params = self.model_aggregator.params(state.get("aggregator", {}))
         if not clients:
             empty = self.model_aggregator.empty_round(state["model"]["trainable"])
             if empty is not None:
@@ -175,7 +177,6 @@ class WeightedFedAvg(GroupedProcess):
         context, group_size = self._plan_round(clients, "a FedAvg round")
         self.model_aggregator.check_round([client.client_id for client in clients])
         round_num = int(state["round"]) + 1
-        params = self.model_aggregator.params(state.get("aggregator", {}))
         broadcast = (state["model"], round_num, group_size, params)
         totals = _Totals(self.model_aggregator)
         send, receive = anyio.create_memory_object_stream[Partial](math.inf)

@@ -267,5 +267,7 @@ async def test_rounds_run_under_another_mechanism_are_not_accounted_as_this_ones
         noisier = process(dp_mean(mechanism(2.0), 0.05, delta=DELTA, secret=SECRET))
         with pytest.raises(ValueError, match=r"the 1 rounds of this state ran under another"):
             await noisier.next(output.state, handles(five_clients()))
+        with pytest.raises(ValueError, match=r"the 1 rounds of this state ran under another"):
+            await noisier.next(output.state, [])  # a round that sampled nobody too
         # A fresh state takes the new mechanism.
         await noisier.next(noisier.initialize(), handles(five_clients()))
