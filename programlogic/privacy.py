@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import logging
 import math
 from types import ModuleType
@@ -36,6 +35,7 @@ from typing import Any
 import anyio
 
 from managers.validation import check_choice, check_int, check_number, check_type
+from programlogic._optional import require
 from programlogic.stopping import StoppingPolicy, StopReason
 
 __all__ = [
@@ -68,13 +68,7 @@ _WITH_REPLACEMENT_REFUSED = (
 
 def _dp_accounting() -> ModuleType:
     """The ``dp_accounting`` package; an ImportError naming the extra when it is missing."""
-    try:
-        return importlib.import_module("dp_accounting")
-    except ImportError as error:
-        raise ImportError(
-            "programlogic.privacy needs dp-accounting, which is not installed: "
-            "pip install 'programlogic[privacy]'"
-        ) from error
+    return require("dp_accounting", "dp-accounting", "programlogic.privacy", extra="privacy")
 
 
 @dataclasses.dataclass(frozen=True)

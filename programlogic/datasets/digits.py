@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from programlogic._optional import require
 from programlogic.data import InMemoryDataSource, Sampling
-from programlogic.datasets._optional import require
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 
 __all__ = ["load_digits_writers"]

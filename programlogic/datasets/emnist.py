@@ -18,8 +18,8 @@ import os
 import numpy as np
 
 from managers.validation import check_bool, check_path
+from programlogic._optional import require
 from programlogic.data import ClientHandle, HandleDataSource, Sampling
-from programlogic.datasets._optional import require
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 
 __all__ = ["HDF5DataSource", "load_emnist_h5"]
