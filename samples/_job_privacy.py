@@ -54,34 +54,28 @@ def dp_clip(text: str) -> float | str:
     """An argparse type: a positive clip, or ``adaptive``."""
     if text == ADAPTIVE:
         return ADAPTIVE
+    return _positive(text, expected=f"a number or {ADAPTIVE!r}")
+
+
+def _number(text: str, expected: str) -> float:
+    """``text`` as a float, or the argparse error saying what was ``expected``."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number or {ADAPTIVE!r}, got {text!r}"
-        ) from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 
 def _probability(text: str) -> float:
     """An argparse type: a number strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text, "a number")
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1 (excluded), got {text}")
     return value
 
 
-def _positive(text: str) -> float:
+def _positive(text: str, expected: str = "a number") -> float:
     """An argparse type: a finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text, expected)
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
