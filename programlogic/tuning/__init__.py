@@ -1,0 +1,1 @@
+"""Hyperparameter tuning as program logic (work in progress)."""

@@ -1,0 +1,96 @@
+"""The locks that make one tuner own a running trial: they die with the tuner's process.
+
+A tuner takes the study lock to look at the study and claim work (so two tuners never
+create more trials than asked, nor claim one trial twice), and holds a trial's lock for
+as long as it runs the trial. A tuner that dies (kill -9 included) loses its locks, so
+another tuner, or the same command run again, takes its running trials over.
+
+Beside a SQLite storage the locks are ``flock`` locks on files under ``<root>/locks/``;
+with a PostgreSQL storage they are session advisory locks held by one connection of
+the tuner's. Every method blocks: tuners call them on a worker thread.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from programlogic._optional import require
+
+__all__ = ["FileTrialLocks", "TrialLocks", "open_locks"]
+
+
+class TrialLocks(abc.ABC):
+    """The study lock and the per-trial locks of one tuner."""
+
+    @abc.abstractmethod
+    def try_lock_trial(self, number: int) -> bool:
+        """Take trial ``number``'s lock without waiting: whether this tuner now holds it.
+
+        True also when this tuner held it already.
+        """
+
+    @abc.abstractmethod
+    def unlock_trial(self, number: int) -> None:
+        """Release trial ``number``'s lock (nothing if this tuner does not hold it)."""
+
+    @abc.abstractmethod
+    def lock_study(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the study lock, exclusive among the study's tuners, for a ``with`` block."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every lock this tuner holds."""
+
+
+class FileTrialLocks(TrialLocks):
+    """``flock`` locks on ``directory/study.lock`` and ``directory/trial_<n>.lock``."""
+
+    def __init__(self, directory: Path) -> None:
+        self._filelock = require("filelock", "filelock", "programlogic.tuning", extra="tuning")
+        directory.mkdir(parents=True, exist_ok=True)
+        self._directory = directory
+        self._trials: dict[int, object] = {}
+        self._study = self._lock("study.lock")
+
+    def _lock(self, name: str):  # a filelock.FileLock, not reentrant across instances
+        return self._filelock.FileLock(
+            self._directory / name, thread_local=False, is_singleton=False, fallback_to_soft=False
+        )
+
+    def try_lock_trial(self, number: int) -> bool:
+        if number in self._trials:
+            return True
+        lock = self._lock(f"trial_{number}.lock")
+        try:
+            lock.acquire(blocking=False)
+        except self._filelock.Timeout:
+            return False
+        self._trials[number] = lock
+        return True
+
+    def unlock_trial(self, number: int) -> None:
+        lock = self._trials.pop(number, None)
+        if lock is not None:
+            lock.release(force=True)
+
+    @contextlib.contextmanager
+    def lock_study(self) -> Iterator[None]:
+        with self._study:
+            yield
+
+    def close(self) -> None:
+        for number in list(self._trials):
+            self.unlock_trial(number)
+
+
+def open_locks(storage_url: str, study_name: str, root: Path) -> TrialLocks:
+    """The locks that fit the storage ``storage_url`` names."""
+    if storage_url.startswith("sqlite"):
+        return FileTrialLocks(root / "locks")
+    raise ValueError(
+        "tuning keeps its study in SQLite or PostgreSQL, got a storage URL of scheme "
+        f"{storage_url.split(':', 1)[0]!r}"
+    )
