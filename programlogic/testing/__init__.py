@@ -54,6 +54,7 @@ __all__ = [
     "FakeClock",
     "FakeContext",
     "FakeDataSource",
+    "FakeEvaluationProcess",
     "FakeLearningProcess",
     "Fault",
     "LoseCluster",
@@ -159,6 +160,23 @@ class FakeLearningProcess:
 
     async def set_model_weights(self, state: dict[str, Any], weights: Any) -> dict[str, Any]:
         return {**state, "weights": np.asarray(weights, dtype=np.float64)}
+
+
+class FakeEvaluationProcess(FakeLearningProcess):
+    """The evaluation process of :class:`FakeLearningProcess`: measures, never moves.
+
+    A round keeps the weights and releases ``eval/loss``, the mean squared distance of
+    the clients' means to the weights, and ``eval/num_examples``. Give it to an
+    :class:`~programlogic.EvaluationManager` (or a tuner) for the fake's evaluations.
+    """
+
+    async def next(
+        self, state: dict[str, Any], clients: Sequence[ClientHandle]
+    ) -> LearningProcessOutput:
+        output = await super().next(state, clients)
+        train = output.metrics["client_work"]["train"]
+        kept = {**output.state, "weights": state["weights"]}
+        return LearningProcessOutput(kept, {"eval": dict(train)})
 
 
 def _client_mean(dim: int, client_id: str, data: Any) -> tuple[np.ndarray, int]:

@@ -1,0 +1,297 @@
+"""The study as a tuner sees it: Optuna's RDB storage, the trial locks, seeded suggestions.
+
+Everything here blocks (SQLAlchemy, the locks): :class:`StudyStore` runs it on one
+worker thread of its own, one call at a time, so a tuner's storage traffic never blocks
+the event loop and never races itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from programlogic._optional import require
+from programlogic.tuning._locks import TrialLocks, open_locks
+
+optuna = require("optuna", "optuna", "programlogic.tuning", extra="tuning")
+
+__all__ = ["Claim", "StudyStore", "derived_seed"]
+
+logger = logging.getLogger(__name__)
+
+PRUNED_AT = "programlogic:pruned_at"
+"""A trial's system attribute: the first step whose report made the pruner stop it."""
+SETTINGS = "programlogic:settings"
+"""The study's system attribute: what a rerun of the study must share (seed, metric)."""
+ERROR = "error"
+"""A failed trial's user attribute: its error, as ``Type: message``."""
+FINAL_ROUND = "final_round"
+"""A finished trial's user attribute: the last round it trained."""
+
+
+def derived_seed(seed: int, *labels: object) -> int:
+    """A 32-bit seed that is a pure function of ``seed`` and ``labels``."""
+    text = "/".join(["tuning", str(seed), *map(str, labels)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A trial a tuner took: new (to suggest for) or resumed (its tuner is gone)."""
+
+    number: int
+    trial_id: int
+    resumed: bool
+
+
+class _SeededSampler(optuna.samplers.BaseSampler):
+    """A sampler made afresh for each suggestion, seeded by (study seed, trial, parameter).
+
+    A sampler's random state lives in its process; building it again from a pure
+    function of the study seed for every suggestion makes a rerun after a crash suggest
+    what the first run would have, down to a trial interrupted halfway through its
+    suggestions.
+    """
+
+    def __init__(self, make: Callable[[int], Any], seed: int, number: int) -> None:
+        self._make = make
+        self._seed = seed
+        self._number = number
+
+    def _fresh(self, label: str) -> Any:
+        return self._make(derived_seed(self._seed, self._number, label))
+
+    def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, Any]:
+        return self._fresh("relative").infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Any, trial: Any, search_space: Any) -> dict[str, Any]:
+        return self._fresh("relative").sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self, study: Any, trial: Any, param_name: str, param_distribution: Any
+    ) -> Any:
+        sampler = self._fresh(f"param/{param_name}")
+        return sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Any, trial: Any) -> None:
+        self._fresh("before_trial").before_trial(study, trial)
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        self._fresh("after_trial").after_trial(study, trial, state, values)
+
+
+class StudyStore:
+    """One tuner's handle on the study: its storage, its locks and its running trials."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        study_name: str,
+        direction: str,
+        root: Path,
+        seed: int,
+        metric: str,
+        make_sampler: Callable[[int], Any],
+        pruner: Any,
+    ) -> None:
+        self._url = url
+        self._study_name = study_name
+        self._direction = direction
+        self._root = root
+        self._seed = seed
+        self._metric = metric
+        self._make_sampler = make_sampler
+        self._pruner = pruner
+        self._limiter = anyio.CapacityLimiter(1)
+        self._locks: TrialLocks | None = None
+        self._storage: Any = None
+        self._study: Any = None
+        self._trial_studies: dict[int, Any] = {}
+        self._active: set[int] = set()
+        self.failure: BaseException | None = None
+        """The first error of the storage or the locks: a failure of the tuner itself."""
+
+    async def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Run ``function(*args)`` on the store's thread; remember an error as the tuner's."""
+        try:
+            return await anyio.to_thread.run_sync(function, *args, limiter=self._limiter)
+        except Exception as error:
+            if self.failure is None:
+                self.failure = error
+            raise
+
+    # Everything below runs on the store's thread, through call().
+
+    def open(self) -> None:
+        """Connect, take the locks' connection, create the study or check the one there."""
+        if self._url.startswith("sqlite:///"):
+            Path(self._url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self._storage = optuna.storages.RDBStorage(
+            self._url, engine_kwargs=_engine_options(self._url)
+        )
+        self._locks = open_locks(self._url, self._study_name, self._root)
+        settings = {"seed": self._seed, "metric": self._metric}
+        with self._locks.lock_study():
+            self._study = optuna.create_study(
+                storage=self._storage,
+                study_name=self._study_name,
+                direction=self._direction,
+                pruner=self._pruner,
+                load_if_exists=True,
+            )
+            saved = self._storage.get_study_system_attrs(self._study._study_id).get(SETTINGS)
+            if saved is None:
+                self._storage.set_study_system_attr(self._study._study_id, SETTINGS, settings)
+        _check_same_study(self._study, self._direction, saved, settings)
+
+    def close(self) -> None:
+        """Release the locks (the running trials become free to take over)."""
+        if self._locks is not None:
+            self._locks.close()
+        if self._storage is not None:
+            self._storage.remove_session()
+            self._storage.engine.dispose()
+
+    @property
+    def study(self) -> Any:
+        """The ``optuna.Study``."""
+        return self._study
+
+    def claim(self, num_trials: int) -> Claim | bool:
+        """Take the next trial to run: a running one whose tuner is gone, else a new one.
+
+        ``True`` when there is nothing to take now but trials held by other tuners may
+        become free; ``False`` when the study has nothing left to run.
+        """
+        assert self._locks is not None
+        with self._locks.lock_study():
+            trials = self._study.get_trials(deepcopy=False)
+            running = [
+                trial
+                for trial in trials
+                if trial.state == optuna.trial.TrialState.RUNNING
+                and trial.number not in self._active
+            ]
+            for trial in sorted(running, key=lambda trial: trial.number):
+                if self._locks.try_lock_trial(trial.number):
+                    self._active.add(trial.number)
+                    return Claim(trial.number, trial._trial_id, resumed=True)
+            if len(trials) < num_trials:
+                trial_id = self._storage.create_new_trial(self._study._study_id)
+                number = self._storage.get_trial_number_from_id(trial_id)
+                if not self._locks.try_lock_trial(number):
+                    raise RuntimeError(f"trial {number} was locked before it was created")
+                self._active.add(number)
+                return Claim(number, trial_id, resumed=False)
+            return bool(running)
+
+    def release(self, number: int) -> None:
+        """Let go of trial ``number``: finished, or left for a later tuner to resume."""
+        assert self._locks is not None
+        self._active.discard(number)
+        self._trial_studies.pop(number, None)
+        self._locks.unlock_trial(number)
+
+    def trial_study(self, number: int) -> Any:
+        """The study as trial ``number`` sees it: sampled with that trial's seeded sampler."""
+        study = self._trial_studies.get(number)
+        if study is None:
+            study = optuna.load_study(
+                study_name=self._study_name,
+                storage=self._storage,
+                sampler=_SeededSampler(self._make_sampler, self._seed, number),
+                pruner=self._pruner,
+            )
+            self._trial_studies[number] = study
+        return study
+
+    def suggest(self, claim: Claim, search_space: Callable[[Any], Any]) -> dict[str, Any]:
+        """Run ``search_space`` on the trial; the parameters already suggested are kept."""
+        trial = optuna.Trial(self.trial_study(claim.number), claim.trial_id)
+        search_space(trial)
+        return dict(trial.params)
+
+    def report(self, claim: Claim, step: int, value: float) -> None:
+        """Record ``value`` at ``step`` once, deciding on pruning before recording it.
+
+        The decision is saved first, so a report replayed after a crash (the step not
+        recorded yet) decides again, and one recorded is never decided twice.
+        """
+        trial = self._storage.get_trial(claim.trial_id)
+        if step in trial.intermediate_values:
+            return
+        trial.intermediate_values = {**trial.intermediate_values, step: value}
+        study = self.trial_study(claim.number)
+        if study.pruner.prune(study, trial):
+            pruned_at = trial.system_attrs.get(PRUNED_AT)
+            if pruned_at is None or step < pruned_at:
+                self._storage.set_trial_system_attr(claim.trial_id, PRUNED_AT, step)
+        self._storage.set_trial_intermediate_value(claim.trial_id, step, value)
+
+    def pruned_at(self, claim: Claim) -> int | None:
+        """The step at which trial ``claim`` was pruned, or None."""
+        return self._storage.get_trial_system_attrs(claim.trial_id).get(PRUNED_AT)
+
+    def finish(
+        self,
+        claim: Claim,
+        state: Any,
+        final_round: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Tell the study the trial ended: complete, pruned or failed."""
+        study = self.trial_study(claim.number)
+        if error is not None:
+            self._storage.set_trial_user_attr(claim.trial_id, ERROR, error)
+        values = None
+        if final_round is not None:
+            self._storage.set_trial_user_attr(claim.trial_id, FINAL_ROUND, final_round)
+            if state == optuna.trial.TrialState.COMPLETE:
+                intermediate = self._storage.get_trial(claim.trial_id).intermediate_values
+                if final_round not in intermediate:
+                    raise RuntimeError(
+                        f"trial {claim.number} ended at round {final_round}, whose "
+                        "evaluation was never reported"
+                    )
+                values = [intermediate[final_round]]
+        study.tell(claim.number, values, state=state)
+
+    def trials(self) -> list[Any]:
+        """Every trial of the study (``optuna.trial.FrozenTrial``), in number order."""
+        return self._study.get_trials(deepcopy=True)
+
+
+def _engine_options(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        # Several tuners may share one SQLite file: wait for its lock instead of failing.
+        return {"connect_args": {"timeout": 60}}
+    return {"pool_pre_ping": True}
+
+
+def _check_same_study(
+    study: Any, direction: str, saved: dict[str, Any] | None, settings: dict[str, Any]
+) -> None:
+    if study.direction.name.lower() != direction:
+        raise ValueError(
+            f"the study {study.study_name!r} maximizes or minimizes as "
+            f"{study.direction.name.lower()!r}, not as the given direction {direction!r}"
+        )
+    if saved is not None and saved != settings:
+        changed = {
+            key: (saved[key], settings[key]) for key in settings if saved[key] != settings[key]
+        }
+        details = ", ".join(
+            f"{key} {old!r} in the study, {new!r} given" for key, (old, new) in changed.items()
+        )
+        raise ValueError(
+            f"the study {study.study_name!r} was run with other settings: {details}; "
+            "use another study name (or root) for a new study"
+        )

@@ -1,0 +1,190 @@
+"""One trial: a ``train_model`` run with its own managers, reporting to the study."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import inspect
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.release.csv_file import CSVFileReleaseManager
+from managers.release.grouping import GroupingReleaseManager
+from managers.release.model_file import ModelFileReleaseManager
+from managers.state.file import FileProgramStateManager
+from managers.structure import flatten
+from managers.validation import check_int, check_interface
+from managers.values import materialize
+from programlogic.data import FederatedDataSource
+from programlogic.evaluation import EvaluationManager
+from programlogic.process import LearningProcess
+from programlogic.stopping import StoppingPolicy, StopReason
+from programlogic.training import TrainingResult, train_model
+from programlogic.tuning._study import Claim, StudyStore
+
+__all__ = ["PRUNED", "TrialProgram", "TrialSpec", "run_trial"]
+
+PRUNED = StopReason("pruned")
+"""The stop reason of a trial the pruner stopped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSpec:
+    """What a trial's factory gets: the trial's number, parameters and directory.
+
+    ``directory`` is ``<root>/trials/<number>``, where the tuner keeps the trial's
+    program state, metrics, evaluations and final model; the factory may keep files of
+    its own there too.
+    """
+
+    number: int
+    params: dict[str, Any]
+    directory: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialProgram:
+    """What a trial trains and how it is evaluated: ``train_model``'s inputs for one trial.
+
+    The training half is ``train_model``'s own arguments. Evaluation: every
+    ``evaluation_periodicity`` rounds (and the initial and the last model), one round
+    of ``evaluation_process`` on ``evaluation_per_round_clients`` clients of
+    ``evaluation_data_source``; the tuner's objective metric is read from its metrics.
+    Training waits for each evaluation, so that pruning, which decides on it, stops the
+    trial at the same round on every run. ``seed`` is ``train_model``'s.
+    """
+
+    train_process: LearningProcess
+    train_data_source: FederatedDataSource
+    train_per_round_clients: int
+    train_total_rounds: int
+    evaluation_process: LearningProcess
+    evaluation_data_source: FederatedDataSource
+    evaluation_per_round_clients: int
+    evaluation_periodicity: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("train_process", "evaluation_process"):
+            check_interface(name, getattr(self, name), "LearningProcess", ["initialize", "next"])
+        for name in ("train_data_source", "evaluation_data_source"):
+            check_interface(name, getattr(self, name), "FederatedDataSource", ["iterator"])
+        check_int("train_per_round_clients", self.train_per_round_clients, minimum=1)
+        check_int("train_total_rounds", self.train_total_rounds, minimum=1)
+        check_int("evaluation_per_round_clients", self.evaluation_per_round_clients, minimum=1)
+        check_int("evaluation_periodicity", self.evaluation_periodicity, minimum=1)
+        check_int("seed", self.seed, minimum=0)
+
+
+class _Reporter(ReleaseManager):
+    """Receives a trial's evaluation metrics and reports the objective to the study."""
+
+    def __init__(self, store: StudyStore, claim: Claim, metric: str) -> None:
+        self._store = store
+        self._claim = claim
+        self._metric = metric
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        # Round 0 is the initial model: nothing a trial's parameters trained yet.
+        if isinstance(check_key(key), str) or key == 0:
+            return
+        leaves = dict(flatten(await materialize(value)))
+        if self._metric not in leaves:
+            raise KeyError(
+                f"the objective metric {self._metric!r} is not in the evaluation metrics of "
+                f"round {key}; found {sorted(leaves)}"
+            )
+        await self._store.call(self._store.report, self._claim, key, float(leaves[self._metric]))
+
+
+class _Pruning(StoppingPolicy):
+    """Stops a trial at the round whose evaluation made the pruner stop it."""
+
+    def __init__(self, store: StudyStore, claim: Claim) -> None:
+        self._store = store
+        self._claim = claim
+
+    async def _pruned_at(self) -> int | None:
+        return await self._store.call(self._store.pruned_at, self._claim)
+
+    async def before_round(self, round_num: int) -> StopReason | None:
+        pruned_at = await self._pruned_at()
+        return PRUNED if pruned_at is not None and pruned_at < round_num else None
+
+    async def after_evaluation(self, round_num: int) -> StopReason | None:
+        pruned_at = await self._pruned_at()
+        return PRUNED if pruned_at is not None and pruned_at <= round_num else None
+
+
+class _Discarding(ReleaseManager):
+    """Drops what it is given: the per-round metrics of one-round evaluations."""
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        check_key(key)
+
+
+async def build_program(
+    build_trial: Callable[[TrialSpec], TrialProgram | Awaitable[TrialProgram]], spec: TrialSpec
+) -> TrialProgram:
+    """Call the user's factory: a coroutine function on the loop, any other on a thread."""
+    if inspect.iscoroutinefunction(build_trial):
+        program = await build_trial(spec)
+    else:
+        program = await anyio.to_thread.run_sync(build_trial, spec)
+        if inspect.isawaitable(program):
+            program = await program
+    if not isinstance(program, TrialProgram):
+        raise TypeError(
+            f"build_trial must return a TrialProgram, got {type(program).__name__} for trial "
+            f"{spec.number}"
+        )
+    return program
+
+
+async def run_trial(
+    store: StudyStore, claim: Claim, program: TrialProgram, metric: str, directory: Path
+) -> TrainingResult:
+    """Train the trial to its end (or its pruning), resuming what its directory holds."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        def closed_on_exit(manager: Any) -> Any:
+            stack.push_async_callback(manager.aclose)
+            return manager
+
+        evaluations = closed_on_exit(
+            EvaluationManager(
+                data_source=program.evaluation_data_source,
+                aggregated_metrics_manager=GroupingReleaseManager(
+                    [
+                        closed_on_exit(CSVFileReleaseManager(directory / "evaluation.csv")),
+                        _Reporter(store, claim, metric),
+                    ]
+                ),
+                create_state_manager_fn=lambda name: FileProgramStateManager(
+                    directory / "evaluation" / name
+                ),
+                create_process_fn=lambda name: (program.evaluation_process, _Discarding()),
+                cohort_size=program.evaluation_per_round_clients,
+                duration=datetime.timedelta(0),
+                seed=program.seed,
+            )
+        )
+        return await train_model(
+            train_process=program.train_process,
+            train_data_source=program.train_data_source,
+            train_per_round_clients=program.train_per_round_clients,
+            train_total_rounds=program.train_total_rounds,
+            program_state_manager=closed_on_exit(FileProgramStateManager(directory / "state")),
+            model_output_manager=ModelFileReleaseManager(directory / "models"),
+            train_metrics_manager=closed_on_exit(CSVFileReleaseManager(directory / "metrics.csv")),
+            evaluation_manager=evaluations,
+            evaluation_periodicity=program.evaluation_periodicity,
+            seed=program.seed,
+            stopping=_Pruning(store, claim),
+            stopping_waits_for_evaluations=True,
+        )
