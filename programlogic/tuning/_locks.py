@@ -19,7 +19,7 @@ from pathlib import Path
 
 from programlogic._optional import require
 
-__all__ = ["FileTrialLocks", "TrialLocks", "open_locks"]
+__all__ = ["FileTrialLocks", "TrialLocks", "check_storage_url", "open_locks"]
 
 
 class TrialLocks(abc.ABC):
@@ -86,11 +86,23 @@ class FileTrialLocks(TrialLocks):
             self.unlock_trial(number)
 
 
+def check_storage_url(storage_url: str) -> str:
+    """``storage_url``'s database, ``"sqlite"`` or ``"postgresql"``; else a ValueError.
+
+    The message names the URL's scheme only: a URL may hold a password.
+    """
+    scheme = storage_url.split(":", 1)[0]
+    database = scheme.split("+", 1)[0]
+    if ":" not in storage_url or database not in ("sqlite", "postgresql"):
+        raise ValueError(
+            "storage must be an SQLAlchemy URL of SQLite or PostgreSQL (sqlite:///..., "
+            f"postgresql+psycopg://...), got a URL of scheme {scheme!r}"
+        )
+    return database
+
+
 def open_locks(storage_url: str, study_name: str, root: Path) -> TrialLocks:
     """The locks that fit the storage ``storage_url`` names."""
-    if storage_url.startswith("sqlite"):
+    if check_storage_url(storage_url) == "sqlite":
         return FileTrialLocks(root / "locks")
-    raise ValueError(
-        "tuning keeps its study in SQLite or PostgreSQL, got a storage URL of scheme "
-        f"{storage_url.split(':', 1)[0]!r}"
-    )
+    raise NotImplementedError("PostgreSQL locks")

@@ -134,12 +134,12 @@ class StudyStore:
         """Connect, take the locks' connection, create the study or check the one there."""
         if self._url.startswith("sqlite:///"):
             Path(self._url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self._storage = optuna.storages.RDBStorage(
-            self._url, engine_kwargs=_engine_options(self._url)
-        )
         self._locks = open_locks(self._url, self._study_name, self._root)
         settings = {"seed": self._seed, "metric": self._metric}
-        with self._locks.lock_study():
+        with self._locks.lock_study():  # the first tuner creates the tables, alone
+            self._storage = optuna.storages.RDBStorage(
+                self._url, engine_kwargs=_engine_options(self._url)
+            )
             self._study = optuna.create_study(
                 storage=self._storage,
                 study_name=self._study_name,

@@ -22,7 +22,9 @@ from managers.validation import (
     check_timedelta,
 )
 from programlogic.context import check_in_federated_context
+from programlogic.tasks import task_group
 from programlogic.training import final_model_key
+from programlogic.tuning._locks import check_storage_url
 from programlogic.tuning._study import ERROR, FINAL_ROUND, Claim, StudyStore, optuna
 from programlogic.tuning._trial import PRUNED, TrialProgram, TrialSpec, build_program, run_trial
 
@@ -157,6 +159,8 @@ async def tune(
     root_path = Path(check_path("root", root))
     check_int("concurrency", concurrency, minimum=1)
     check_str("storage", storage, allow_empty=False, allow_none=True)
+    if storage is not None:
+        check_storage_url(storage)
     check_str("study_name", study_name, allow_empty=False)
     check_int("seed", seed, minimum=0)
     check_callable("sampler", sampler, allow_none=True)
@@ -179,7 +183,7 @@ async def tune(
     tuner = _Tuner(store, search_space, build_trial, metric, root_path, fail_fast, on_progress)
     try:
         await store.call(store.open)
-        async with anyio.create_task_group() as slots:
+        async with task_group() as slots:
             for _ in range(concurrency):
                 slots.start_soon(tuner.run_slot, num_trials, poll_interval)
         trials = [_summary(trial, root_path) for trial in await store.call(store.trials)]
