@@ -38,6 +38,10 @@ def learning() -> Any:
     return importlib.import_module("programlogic.learning")
 
 
+def tuning() -> Any:
+    return importlib.import_module("programlogic.tuning")
+
+
 def ray_context(**arguments: Any) -> Any:
     return importlib.import_module("programlogic.contexts.ray").RayContext(**arguments)
 
@@ -796,6 +800,59 @@ def probes() -> list[Probe]:
                 ("name", 3, TypeError),
                 ("name", "a/b", ValueError),
                 ("name", "", ValueError),
+            ],
+        ),
+        (
+            "tune",
+            tuning().tune,
+            lambda: {
+                "search_space": lambda trial: None,
+                "build_trial": lambda spec: None,
+                "metric": "eval/loss",
+                "direction": "minimize",
+                "num_trials": 2,
+                "root": "never-created",
+            },
+            [
+                ("search_space", 3, TypeError),
+                ("build_trial", "fedavg", TypeError),
+                ("metric", "", ValueError),
+                ("metric", 3, TypeError),
+                ("direction", "down", ValueError),
+                ("num_trials", 0, ValueError),
+                ("root", 3, TypeError),
+                ("concurrency", 0, ValueError),
+                ("storage", 3, TypeError),
+                ("study_name", "", ValueError),
+                ("seed", -1, ValueError),
+                ("sampler", "tpe", TypeError),
+                ("pruner", "median", TypeError),
+                ("fail_fast", 1, TypeError),
+                ("poll_interval", 5, TypeError),
+                ("on_progress", "print", TypeError),
+            ],
+        ),
+        (
+            "TrialProgram",
+            lambda **arguments: tuning().TrialProgram(**arguments),
+            lambda: {
+                "train_process": testing.FakeLearningProcess(),
+                "train_data_source": testing.FakeDataSource(4),
+                "train_per_round_clients": 2,
+                "train_total_rounds": 3,
+                "evaluation_process": testing.FakeEvaluationProcess(),
+                "evaluation_data_source": testing.FakeDataSource(4),
+                "evaluation_per_round_clients": 2,
+            },
+            [
+                ("train_process", "fedavg", TypeError),
+                ("train_data_source", [1, 2], TypeError),
+                ("train_per_round_clients", 0, ValueError),
+                ("train_total_rounds", 0, ValueError),
+                ("evaluation_process", None, TypeError),
+                ("evaluation_per_round_clients", 1.5, TypeError),
+                ("evaluation_periodicity", 0, ValueError),
+                ("seed", -1, ValueError),
             ],
         ),
     ]

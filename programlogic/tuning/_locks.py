@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import fcntl
+import os
 from collections.abc import Iterator
 from pathlib import Path
-
-from programlogic._optional import require
 
 __all__ = ["FileTrialLocks", "TrialLocks", "check_storage_url", "open_locks"]
 
@@ -46,40 +46,50 @@ class TrialLocks(abc.ABC):
 
 
 class FileTrialLocks(TrialLocks):
-    """``flock`` locks on ``directory/study.lock`` and ``directory/trial_<n>.lock``."""
+    """``flock`` locks on ``directory/study.lock`` and ``directory/trial_<n>.lock``.
+
+    The files are never removed: removing a lock file while another tuner waits on it
+    would let a third lock a new file of the same name.
+    """
 
     def __init__(self, directory: Path) -> None:
-        self._filelock = require("filelock", "filelock", "programlogic.tuning", extra="tuning")
         directory.mkdir(parents=True, exist_ok=True)
         self._directory = directory
-        self._trials: dict[int, object] = {}
-        self._study = self._lock("study.lock")
+        self._trials: dict[int, int] = {}
 
-    def _lock(self, name: str):  # a filelock.FileLock, not reentrant across instances
-        return self._filelock.FileLock(
-            self._directory / name, thread_local=False, is_singleton=False, fallback_to_soft=False
-        )
+    def _try_lock(self, name: str, *, blocking: bool) -> int | None:
+        fd = os.open(self._directory / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def try_lock_trial(self, number: int) -> bool:
         if number in self._trials:
             return True
-        lock = self._lock(f"trial_{number}.lock")
-        try:
-            lock.acquire(blocking=False)
-        except self._filelock.Timeout:
+        fd = self._try_lock(f"trial_{number}.lock", blocking=False)
+        if fd is None:
             return False
-        self._trials[number] = lock
+        self._trials[number] = fd
         return True
 
     def unlock_trial(self, number: int) -> None:
-        lock = self._trials.pop(number, None)
-        if lock is not None:
-            lock.release(force=True)
+        fd = self._trials.pop(number, None)
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of the open file drops its flock
 
     @contextlib.contextmanager
     def lock_study(self) -> Iterator[None]:
-        with self._study:
+        fd = self._try_lock("study.lock", blocking=True)
+        try:
             yield
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         for number in list(self._trials):

@@ -173,7 +173,9 @@ class StudyStore:
         """
         assert self._locks is not None
         with self._locks.lock_study():
-            trials = self._study.get_trials(deepcopy=False)
+            # The storage itself, not the study's cache, which may hold a trial as
+            # running after another tuner ended it.
+            trials = self._storage.get_all_trials(self._study._study_id, deepcopy=False)
             running = [
                 trial
                 for trial in trials
@@ -181,9 +183,14 @@ class StudyStore:
                 and trial.number not in self._active
             ]
             for trial in sorted(running, key=lambda trial: trial.number):
-                if self._locks.try_lock_trial(trial.number):
-                    self._active.add(trial.number)
-                    return Claim(trial.number, trial._trial_id, resumed=True)
+                if not self._locks.try_lock_trial(trial.number):
+                    continue
+                # Its tuner may have ended it and let go between the read and the lock.
+                if self._storage.get_trial(trial._trial_id).state.is_finished():
+                    self._locks.unlock_trial(trial.number)
+                    continue
+                self._active.add(trial.number)
+                return Claim(trial.number, trial._trial_id, resumed=True)
             if len(trials) < num_trials:
                 trial_id = self._storage.create_new_trial(self._study._study_id)
                 number = self._storage.get_trial_number_from_id(trial_id)
@@ -215,7 +222,9 @@ class StudyStore:
 
     def suggest(self, claim: Claim, search_space: Callable[[Any], Any]) -> dict[str, Any]:
         """Run ``search_space`` on the trial; the parameters already suggested are kept."""
-        trial = optuna.Trial(self.trial_study(claim.number), claim.trial_id)
+        study = self.trial_study(claim.number)
+        study.get_trials(deepcopy=False)  # Optuna's storage cache learns of the new trial
+        trial = optuna.Trial(study, claim.trial_id)
         search_space(trial)
         return dict(trial.params)
 

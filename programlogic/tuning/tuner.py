@@ -20,6 +20,7 @@ from managers.validation import (
     check_path,
     check_str,
     check_timedelta,
+    check_type,
 )
 from programlogic.context import check_in_federated_context
 from programlogic.tasks import task_group
@@ -164,7 +165,7 @@ async def tune(
     check_str("study_name", study_name, allow_empty=False)
     check_int("seed", seed, minimum=0)
     check_callable("sampler", sampler, allow_none=True)
-    _check_pruner(pruner)
+    check_type("pruner", pruner, optuna.pruners.BasePruner, allow_none=True)
     check_bool("fail_fast", fail_fast)
     check_timedelta("poll_interval", poll_interval, minimum=datetime.timedelta(0))
     check_callable("on_progress", on_progress, allow_none=True)
@@ -300,10 +301,3 @@ def _best(complete: list[TrialSummary], direction: str) -> TrialSummary | None:
     if direction == "maximize":
         return max(complete, key=lambda trial: (trial.value, -trial.number))
     return min(complete, key=lambda trial: (trial.value, trial.number))
-
-
-def _check_pruner(pruner: Any) -> None:
-    if pruner is not None and not isinstance(pruner, optuna.pruners.BasePruner):
-        raise TypeError(
-            f"pruner must be an optuna.pruners.BasePruner or None, got {type(pruner).__name__}"
-        )
