@@ -74,18 +74,12 @@ def postgres_cluster() -> Iterator[str]:
     try:
         if os.geteuid() == 0:
             shutil.chown(base, "postgres", "postgres")
-        _as_postgres(
-            [bin_dir / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8"]
-            + ["--locale=C", "--no-sync"],
-            base,
-        )
+        initdb = [bin_dir / "initdb", "-D", data, "-U", "postgres", "--auth=trust"]
+        _as_postgres([*initdb, "-E", "UTF8", "--locale=C", "--no-sync"], base)
         options = f"-k {base} -c listen_addresses='' -p {port} -F"
         # -l: the server writes to a file, not to our pipes, which would keep them open.
-        _as_postgres(
-            [bin_dir / "pg_ctl", "-D", data, "-l", base / "server.log", "-o", options]
-            + ["-w", "start"],
-            base,
-        )
+        pg_ctl = [bin_dir / "pg_ctl", "-D", data]
+        _as_postgres([*pg_ctl, "-l", base / "server.log", "-o", options, "-w", "start"], base)
         try:
             url = f"postgresql+psycopg://postgres@/{DATABASE}?host={base}&port={port}"
             admin = postgres_conninfo(url.replace(f"/{DATABASE}?", "/postgres?"))
@@ -93,7 +87,7 @@ def postgres_cluster() -> Iterator[str]:
                 connection.execute(f"CREATE DATABASE {DATABASE}")
             yield url
         finally:
-            _as_postgres([bin_dir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"], base)
+            _as_postgres([*pg_ctl, "-m", "immediate", "-w", "stop"], base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
