@@ -101,8 +101,8 @@ class PostgresTrialLocks(TrialLocks):
     """
 
     def __init__(self, conninfo: str, study_name: str) -> None:
-        psycopg = require("psycopg", "psycopg", "programlogic.tuning", extra="tuning")
-        self._connection = psycopg.connect(conninfo, autocommit=True)
+        self._psycopg = require("psycopg", "psycopg", "programlogic.tuning", extra="tuning")
+        self._connection = self._psycopg.connect(conninfo, autocommit=True)
         self._key = study_key(study_name)
         self._trials: set[int] = set()
 
@@ -139,6 +139,11 @@ class PostgresTrialLocks(TrialLocks):
 
     def close(self) -> None:
         self._trials.clear()
+        # The server ends a closed connection's session a moment after close() returns:
+        # unlocking first frees the locks for the next taker by the time close() returns.
+        if not self._connection.closed:
+            with contextlib.suppress(self._psycopg.Error):  # a broken one holds none left
+                self._connection.execute("SELECT pg_advisory_unlock_all()")
         self._connection.close()
 
 
