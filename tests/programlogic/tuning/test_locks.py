@@ -227,7 +227,7 @@ async def test_two_studies_advisory_locks_are_apart(postgresql_url: str, tmp_pat
     [
         ("mysql+pymysql://tuner:s3cr%40t@db.example/tuning", "'mysql+pymysql'"),
         ("redis://:s3cr%40t@cache.example:6379/0", "'redis'"),
-        ("tuner:s3cr%40t@db.example/tuning", "no URL scheme"),
+        ("tuner:s3cr%40t@db.example/tuning", "'tuner'"),
     ],
 )
 async def test_another_storage_is_refused_without_its_password(url: str, named: str) -> None:
