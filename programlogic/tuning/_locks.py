@@ -15,11 +15,19 @@ from __future__ import annotations
 import abc
 import contextlib
 import fcntl
+import hashlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["FileTrialLocks", "TrialLocks", "check_storage_url", "open_locks"]
+from programlogic._optional import require
+
+__all__ = ["FileTrialLocks", "PostgresTrialLocks", "TrialLocks", "check_storage_url", "open_locks"]
+
+logger = logging.getLogger(__name__)
+
+_STUDY_KEY2 = -1  # trial numbers start at 0, so the study lock never meets a trial's
 
 
 class TrialLocks(abc.ABC):
@@ -96,6 +104,89 @@ class FileTrialLocks(TrialLocks):
             self.unlock_trial(number)
 
 
+class PostgresTrialLocks(TrialLocks):
+    """Session advisory locks of one PostgreSQL connection, keyed by the study's name.
+
+    The two-key form: the first key is the study's (from its name), the second the
+    trial's number, or -1 for the study lock. The server drops them all when the
+    connection ends, the tuner's death included.
+    """
+
+    def __init__(self, conninfo: str, study_name: str) -> None:
+        self._psycopg = require("psycopg", "psycopg", "programlogic.tuning", extra="tuning")
+        self._connection = self._psycopg.connect(conninfo, autocommit=True)
+        self._key = study_key(study_name)
+        self._trials: set[int] = set()
+
+    def _call(self, function: str, key2: int) -> object:
+        row = self._connection.execute(
+            f"SELECT {function}(%s::int4, %s::int4)", (self._key, key2)
+        ).fetchone()
+        assert row is not None
+        return row[0]
+
+    def try_lock_trial(self, number: int) -> bool:
+        # A session lock stacks on each take, and unlock_trial releases once: take it once.
+        if number in self._trials:
+            return True
+        if not self._call("pg_try_advisory_lock", number):
+            return False
+        self._trials.add(number)
+        return True
+
+    def unlock_trial(self, number: int) -> None:
+        if number not in self._trials:
+            return
+        self._trials.discard(number)
+        if not self._call("pg_advisory_unlock", number):
+            logger.warning("trial %d's advisory lock was not held on unlocking it", number)
+
+    @contextlib.contextmanager
+    def lock_study(self) -> Iterator[None]:
+        self._call("pg_advisory_lock", _STUDY_KEY2)
+        try:
+            yield
+        finally:
+            self._call("pg_advisory_unlock", _STUDY_KEY2)
+
+    def close(self) -> None:
+        self._trials.clear()
+        # The server ends a closed connection's session a moment after close() returns:
+        # unlocking first frees the locks for the next taker by the time close() returns.
+        if not self._connection.closed:
+            with contextlib.suppress(self._psycopg.Error):  # a broken one holds none left
+                self._connection.execute("SELECT pg_advisory_unlock_all()")
+        self._connection.close()
+
+
+def study_key(study_name: str) -> int:
+    """The first advisory-lock key of study ``study_name``: a signed 32-bit integer."""
+    digest = hashlib.sha256(study_name.encode()).digest()
+    return int.from_bytes(digest[:4], "big", signed=True)
+
+
+def postgres_conninfo(storage_url: str) -> str:
+    """The libpq connection string of a ``postgresql[+driver]://`` SQLAlchemy URL."""
+    engine = require("sqlalchemy.engine", "sqlalchemy", "programlogic.tuning", extra="tuning")
+    conninfo = require("psycopg.conninfo", "psycopg", "programlogic.tuning", extra="tuning")
+    url = engine.make_url(storage_url)
+    # Not url.render_as_string(): it writes a query's spaces as "+", which libpq keeps.
+    query = {
+        name: ",".join(value) if isinstance(value, tuple) else value
+        for name, value in url.query.items()
+    }
+    given = {
+        "user": url.username,
+        "password": url.password,
+        "host": url.host,
+        "port": url.port,
+        "dbname": url.database,
+    }
+    return conninfo.make_conninfo(
+        **{name: value for name, value in given.items() if value is not None}, **query
+    )
+
+
 def check_storage_url(storage_url: str) -> str:
     """``storage_url``'s database, ``"sqlite"`` or ``"postgresql"``; else a ValueError.
 
@@ -115,4 +206,4 @@ def open_locks(storage_url: str, study_name: str, root: Path) -> TrialLocks:
     """The locks that fit the storage ``storage_url`` names."""
     if check_storage_url(storage_url) == "sqlite":
         return FileTrialLocks(root / "locks")
-    raise NotImplementedError("PostgreSQL locks")
+    return PostgresTrialLocks(postgres_conninfo(storage_url), study_name)
