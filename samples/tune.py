@@ -129,6 +129,13 @@ class TrialsBar:
         )
         if newly_ended:
             self._bar.update(newly_ended)
+        trial = progress.trial
+        if trial is not None and trial.state != "running":
+            value = "" if trial.value is None else f", accuracy {trial.value:.4f}"
+            self._bar.write(
+                f"trial {trial.number} {trial.state} at round {trial.final_round}{value}",
+                file=sys.stderr,  # beside the bar; stdout keeps the study's outcome
+            )
 
     def close(self) -> None:
         self._bar.close()
@@ -139,7 +146,7 @@ async def run(arguments: argparse.Namespace) -> Any:
     import optuna
 
     from programlogic.datasets import load_digits_writers
-    from programlogic.tuning import StudyProgress, tune
+    from programlogic.tuning import tune
 
     await anyio.to_thread.run_sync(check_study_flags, arguments)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -162,9 +169,6 @@ async def run(arguments: argparse.Namespace) -> Any:
                 ),
                 on_progress=bar,
             )
-        # A study that had nothing left to run called on_progress never: show where it is.
-        states = [trial.state for trial in result.trials]
-        bar(StudyProgress(0, *map(states.count, ("complete", "pruned", "failed")), result.best))
     finally:
         bar.close()
     await report(result, arguments.root)

@@ -73,13 +73,18 @@ class TrialSummary:
 
 @dataclasses.dataclass(frozen=True)
 class StudyProgress:
-    """How many trials are in each state, and the best so far (``None`` before one ends)."""
+    """How many trials are in each state, the best so far, and the trial that changed.
+
+    ``best`` is ``None`` before a trial completes; ``trial`` is the trial this tuner
+    just started (``state == "running"``) or ended, ``None`` in the first report.
+    """
 
     running: int
     complete: int
     pruned: int
     failed: int
     best: TrialSummary | None
+    trial: TrialSummary | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +151,7 @@ async def tune(
     its trials, and take over the running trials of one that died, checking for them
     every ``poll_interval`` once there is no other work. ``tune`` returns when no trial
     is left to run or running. ``on_progress(StudyProgress)`` is called (on the event
-    loop) whenever a trial starts or ends.
+    loop) once the study is open, then whenever a trial of this tuner starts or ends.
 
     Raises what the storage or the locks raise (a failure of the tuner itself), and a
     trial's error with ``fail_fast``; the trials that were running are then left to
@@ -184,6 +189,7 @@ async def tune(
     tuner = _Tuner(store, search_space, build_trial, metric, root_path, fail_fast, on_progress)
     try:
         await store.call(store.open)
+        await tuner.progress(None)
         async with task_group() as slots:
             for _ in range(concurrency):
                 slots.start_soon(tuner.run_slot, num_trials, poll_interval)
@@ -226,12 +232,12 @@ class _Tuner:
                 await anyio.sleep(poll_interval.total_seconds())
                 continue
             try:
-                await self._progress()
+                await self.progress(claim.number)
                 await self._run(claim)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._store.call(self._store.release, claim.number)
-            await self._progress()
+            await self.progress(claim.number)
 
     async def _run(self, claim: Claim) -> None:
         store = self._store
@@ -260,12 +266,14 @@ class _Tuner:
             "trial %d ended %s at round %d", claim.number, result.stop_reason, result.round_num
         )
 
-    async def _progress(self) -> None:
+    async def progress(self, number: int | None) -> None:
+        """Tell ``on_progress`` where the study stands, and which trial changed."""
         if self._on_progress is None:
             return
         trials = [
             _summary(trial, self._root) for trial in await self._store.call(self._store.trials)
         ]
+        changed = next((trial for trial in trials if trial.number == number), None)
         counts = {
             state: sum(trial.state == state for trial in trials) for state in _STATES.values()
         }
@@ -278,6 +286,7 @@ class _Tuner:
                 pruned=counts["pruned"],
                 failed=counts["failed"],
                 best=best,
+                trial=changed,
             )
         )
 

@@ -231,8 +231,11 @@ async def test_a_trial_held_by_a_live_tuner_is_taken_over_once_it_dies(tmp_path:
     assert other_tuner.try_lock_trial(orphan.number)
     progress: list[StudyProgress] = []
 
+    opened = anyio.Event()
+
     def watched(update: StudyProgress) -> None:
         progress.append(update)
+        opened.set()
 
     async with anyio.create_task_group() as group:
         group.start_soon(
@@ -243,12 +246,19 @@ async def test_a_trial_held_by_a_live_tuner_is_taken_over_once_it_dies(tmp_path:
                 poll_interval=datetime.timedelta(0),
             )
         )
+        await opened.wait()
         await anyio.wait_all_tasks_blocked()
-        assert not any(update.running for update in progress)  # it waits, taking nothing
+        assert all(update.trial is None for update in progress)  # it waits, taking nothing
         other_tuner.close()  # the other tuner dies
     study = optuna.load_study(study_name="study", storage=f"sqlite:///{tmp_path}/study.db")
     assert [trial.state.name for trial in study.trials] == ["COMPLETE"] * 3
     assert study.trials[2].params == orphan.params
+    taken_over = [update.trial for update in progress if update.trial is not None]
+    assert [(trial.number, trial.state) for trial in taken_over] == [
+        (2, "running"),
+        (2, "complete"),
+    ]
+    assert progress[-1].complete == 3 and progress[-1].running == 0
 
 
 async def test_a_rerun_with_other_settings_is_refused(tmp_path: Path) -> None:
