@@ -87,6 +87,14 @@ class _SeededSampler(optuna.samplers.BaseSampler):
         self._fresh("after_trial").after_trial(study, trial, state, values)
 
 
+class _TrialCodeError(Exception):
+    """Carries an error of a trial's own code out of the store's thread."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class StudyStore:
     """One tuner's handle on the study: its storage, its locks and its running trials."""
 
@@ -123,6 +131,8 @@ class StudyStore:
         """Run ``function(*args)`` on the store's thread; remember an error as the tuner's."""
         try:
             return await anyio.to_thread.run_sync(function, *args, limiter=self._limiter)
+        except _TrialCodeError as error:
+            raise error.error from None
         except Exception as error:
             if self.failure is None:
                 self.failure = error
@@ -225,7 +235,10 @@ class StudyStore:
         study = self.trial_study(claim.number)
         study.get_trials(deepcopy=False)  # Optuna's storage cache learns of the new trial
         trial = optuna.Trial(study, claim.trial_id)
-        search_space(trial)
+        try:
+            search_space(trial)
+        except Exception as error:  # the user's code: the trial fails, not the tuner
+            raise _TrialCodeError(error) from error
         return dict(trial.params)
 
     def report(self, claim: Claim, step: int, value: float) -> None:

@@ -160,6 +160,18 @@ async def test_a_failing_trial_is_recorded_and_the_study_goes_on(tmp_path: Path)
     assert outcome(again) == outcome(result)
 
 
+async def test_a_search_space_that_raises_fails_its_trial_only(tmp_path: Path) -> None:
+    def narrow_for_trial_2(trial: optuna.Trial) -> None:
+        search_space(trial)
+        if trial.number == 2:
+            trial.suggest_float("momentum", 0.9, 0.1)
+
+    result = await run_study(tmp_path, search_space=narrow_for_trial_2)
+    assert [trial.state for trial in result.trials].count("complete") == 5
+    assert result.trials[2].state == "failed"
+    assert result.trials[2].error.startswith("ValueError: ")
+
+
 async def test_fail_fast_raises_the_trial_error_and_leaves_the_rest_to_resume(
     tmp_path: Path,
 ) -> None:
