@@ -136,3 +136,16 @@ async def test_the_privacy_examples_run_and_print_the_documented_figures() -> No
     namespace: dict[str, object] = {}
     exec(compile(setup, str(README), "exec"), namespace)
     assert namespace["process"].describe_configuration()["model_aggregator"]["clip"] == 0.1
+
+
+async def test_the_tuning_example_runs_a_pruned_study(tmp_path: pathlib.Path) -> None:
+    example = next(block for block in python_blocks() if "from programlogic.tuning" in block)
+    completed = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    states = [line.split()[1] for line in lines[:8]]
+    assert "pruned" in states and "complete" in states
+    assert lines[8].startswith("best ")
+    assert (tmp_path / "runs" / "tuning_example" / "study.db").exists()
