@@ -1,0 +1,273 @@
+"""One run of ``bench/tuning.py``, in a process of its own: ``tune`` or the same by hand.
+
+``bench/tuning.py`` starts this module's :func:`worker` in a fresh Python for each
+configuration and reads the JSON line it prints: the run's wall time, cores used,
+memory, and its trials' parameters and final held-out accuracies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import functools
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import psutil
+
+from managers import (
+    CSVFileReleaseManager,
+    FileProgramStateManager,
+    ModelFileReleaseManager,
+    ReleaseManager,
+)
+from managers.release.base import ReleaseKey
+from programlogic import EvaluationManager, LocalContext, train_model
+from programlogic.stopping import StoppingPolicy
+
+METRIC = "client_work/eval/total_rounds_metrics/sparse_categorical_accuracy"
+"""The objective: the held-out writers' accuracy."""
+CLIENTS_PER_ROUND = 10
+LOW_LR, HIGH_LR = 0.005, 0.5
+
+
+def search_space(trial: Any) -> float:
+    """The client learning rate, log-uniform."""
+    return trial.suggest_float("client_lr", LOW_LR, HIGH_LR, log=True)
+
+
+class Workload:
+    """The digits writers, loaded once per process, and a trial's program for a rate."""
+
+    def __init__(self, rounds: int) -> None:
+        import programlogic.learning  # noqa: F401  (TensorFlow: imported untimed)
+        from programlogic.datasets import load_digits_writers
+
+        self.data = load_digits_writers()
+        self.rounds = rounds
+
+    def program(self, client_lr: float) -> Any:
+        """A ``TrialProgram`` with new processes: FedAvg at ``client_lr``, its evaluation."""
+        from programlogic.datasets import Preprocessing
+        from programlogic.learning import (
+            build_fed_eval,
+            build_weighted_fed_avg,
+            sgd,
+            softmax_regression,
+        )
+        from programlogic.tuning import TrialProgram
+
+        data = self.data
+        model_fn = functools.partial(softmax_regression, data.feature_shape, data.num_classes)
+        preprocess = Preprocessing(epochs=5, batch_size=5, shuffle_buffer=100)
+        return TrialProgram(
+            train_process=build_weighted_fed_avg(
+                model_fn, sgd(client_lr), sgd(1.0), preprocess=preprocess, seed=0
+            ),
+            train_data_source=data.train,
+            train_per_round_clients=CLIENTS_PER_ROUND,
+            train_total_rounds=self.rounds,
+            evaluation_process=build_fed_eval(model_fn),
+            evaluation_data_source=data.test,
+            evaluation_per_round_clients=len(data.test.client_ids),
+        )
+
+    async def warm_up(self, directory: Path) -> None:
+        """One round of a trial by hand, untimed: the process-wide first-use costs."""
+        program = await anyio.to_thread.run_sync(self.program, 0.02)
+        await hand_trial(dataclasses.replace(program, train_total_rounds=1), directory)
+
+
+class Discarding(ReleaseManager):
+    """Drops the per-round metrics of one-round evaluations."""
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        return None
+
+
+async def hand_trial(program: Any, directory: Path) -> None:
+    """One trial's ``train_model`` call with a trial's managers, no tuner."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        def closed_on_exit(manager: Any) -> Any:
+            stack.push_async_callback(manager.aclose)
+            return manager
+
+        evaluations = closed_on_exit(
+            EvaluationManager(
+                data_source=program.evaluation_data_source,
+                aggregated_metrics_manager=closed_on_exit(
+                    CSVFileReleaseManager(directory / "evaluation.csv")
+                ),
+                create_state_manager_fn=lambda name: FileProgramStateManager(
+                    directory / "evaluation" / name
+                ),
+                create_process_fn=lambda name: (program.evaluation_process, Discarding()),
+                cohort_size=program.evaluation_per_round_clients,
+                duration=datetime.timedelta(0),
+                seed=program.seed,
+            )
+        )
+        await train_model(
+            train_process=program.train_process,
+            train_data_source=program.train_data_source,
+            train_per_round_clients=program.train_per_round_clients,
+            train_total_rounds=program.train_total_rounds,
+            program_state_manager=closed_on_exit(FileProgramStateManager(directory / "state")),
+            model_output_manager=ModelFileReleaseManager(directory / "models"),
+            train_metrics_manager=closed_on_exit(CSVFileReleaseManager(directory / "metrics.csv")),
+            evaluation_manager=evaluations,
+            evaluation_periodicity=program.evaluation_periodicity,
+            seed=program.seed,
+            stopping=StoppingPolicy(),
+            stopping_waits_for_evaluations=True,
+        )
+
+
+async def by_hand(workload: Workload, rates: list[float], root: Path, concurrency: int) -> None:
+    """The trials by hand, ``concurrency`` slots each taking the next trial."""
+    numbers = iter(range(len(rates)))
+
+    async def slot() -> None:
+        for number in numbers:
+            program = await anyio.to_thread.run_sync(workload.program, rates[number])
+            await hand_trial(program, root / "trials" / str(number))
+
+    async with anyio.create_task_group() as slots:
+        for _ in range(concurrency):
+            slots.start_soon(slot)
+
+
+async def with_tuner(workload: Workload, trials: int, root: Path, concurrency: int) -> list[float]:
+    """The study through ``tune``; the trials' client learning rates by number."""
+    import optuna
+
+    from programlogic.tuning import tune
+
+    result = await tune(
+        search_space=search_space,
+        build_trial=lambda spec: workload.program(spec.params["client_lr"]),
+        metric=METRIC,
+        direction="maximize",
+        num_trials=trials,
+        root=root,
+        concurrency=concurrency,
+        # Random suggestions for every trial: a RandomSampler would do the same, but tune
+        # fails with it on Optuna 5.1 (its first suggestion raises KeyError; TPE reads the
+        # study's trials first, which fills the cache that set_trial_param looks in).
+        sampler=lambda seed: optuna.samplers.TPESampler(seed=seed, n_startup_trials=trials),
+        pruner=optuna.pruners.NopPruner(),
+        fail_fast=True,
+    )
+    return [trial.params["client_lr"] for trial in result.trials]
+
+
+def final_accuracies(root: Path, trials: int) -> list[float]:
+    """Each trial's held-out accuracy after its last round, from its ``evaluation.csv``."""
+    accuracies = []
+    for number in range(trials):
+        lines = (root / "trials" / str(number) / "evaluation.csv").read_text().splitlines()
+        header, last = lines[0].split(","), lines[-1].split(",")
+        accuracies.append(float(last[header.index(METRIC)]))
+    return accuracies
+
+
+class PeakRSS:
+    """The highest resident memory of this process, sampled every 10 ms on a thread."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._stop = threading.Event()
+        self.start = self.peak = self._process.memory_info().rss
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class StorageTime:
+    """The seconds ``tune`` awaits its study's storage and locks, summed over its calls.
+
+    Wraps the tuner's one door to them (``StudyStore.call``, private): the direct part of
+    the tuner's overhead, as the wall times of whole runs are too noisy to show it. Under
+    concurrency the sum includes the calls' waits for one another.
+    """
+
+    def __init__(self) -> None:
+        from programlogic.tuning._study import StudyStore
+
+        self._store_class = StudyStore
+        self._call = StudyStore.call
+        self.seconds = 0.0
+        self.calls = 0
+
+    def __enter__(self) -> StorageTime:
+        call = self._call
+
+        async def timed(store: Any, function: Any, *args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return await call(store, function, *args)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        self._store_class.call = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._store_class.call = self._call  # type: ignore[method-assign]
+
+
+async def worker(arguments: argparse.Namespace) -> dict[str, Any]:
+    """One run, timed from inside the federated context: the figures of one table row."""
+    workload = await anyio.to_thread.run_sync(Workload, arguments.rounds)
+    process = psutil.Process()
+    rates = json.loads(arguments.rates) if arguments.rates else []
+    storage = contextlib.nullcontext(None)
+    if arguments.worker == "tuner":  # Optuna and SQLAlchemy imported untimed
+        storage = StorageTime()
+    load = os.getloadavg()[0]
+    async with LocalContext():
+        await workload.warm_up(arguments.root / "warm_up")
+        cpu_start, start = sum(process.cpu_times()[:2]), time.perf_counter()
+        with PeakRSS() as memory, storage as waited:
+            if arguments.worker == "tuner":
+                root = arguments.root / "study"
+                rates = await with_tuner(workload, arguments.trials, root, arguments.run)
+            else:
+                root = arguments.root / "hand"
+                await by_hand(workload, rates, root, arguments.run)
+            wall = time.perf_counter() - start
+            cpu = sum(process.cpu_times()[:2]) - cpu_start
+    return {
+        "run": arguments.worker,
+        "concurrency": arguments.run,
+        "wall_s": round(wall, 3),
+        "cores_used": round(cpu / wall, 2),
+        "rss_before_mib": round(memory.start / 2**20, 1),
+        "peak_rss_mib": round(memory.peak / 2**20, 1),
+        "added_rss_mib": round((memory.peak - memory.start) / 2**20, 1),
+        "storage_s": None if waited is None else round(waited.seconds, 3),
+        "storage_calls": None if waited is None else waited.calls,
+        "load_average": round(load, 2),
+        "client_lrs": rates,
+        "accuracies": final_accuracies(root, len(rates)),
+    }
