@@ -241,22 +241,24 @@ class StudyStore:
             raise _TrialCodeError(error) from error
         return dict(trial.params)
 
-    def report(self, claim: Claim, step: int, value: float) -> None:
+    def report(self, claim: Claim, step: int, value: float) -> int | None:
         """Record ``value`` at ``step`` once, deciding on pruning before recording it.
 
         The decision is saved first, so a report replayed after a crash (the step not
-        recorded yet) decides again, and one recorded is never decided twice.
+        recorded yet) decides again, and one recorded is never decided twice. Returns
+        the step the trial was pruned at, if it was.
         """
         trial = self._storage.get_trial(claim.trial_id)
+        pruned_at = trial.system_attrs.get(PRUNED_AT)
         if step in trial.intermediate_values:
-            return
+            return pruned_at
         trial.intermediate_values = {**trial.intermediate_values, step: value}
         study = self.trial_study(claim.number)
-        if study.pruner.prune(study, trial):
-            pruned_at = trial.system_attrs.get(PRUNED_AT)
-            if pruned_at is None or step < pruned_at:
-                self._storage.set_trial_system_attr(claim.trial_id, PRUNED_AT, step)
+        if study.pruner.prune(study, trial) and (pruned_at is None or step < pruned_at):
+            pruned_at = step
+            self._storage.set_trial_system_attr(claim.trial_id, PRUNED_AT, step)
         self._storage.set_trial_intermediate_value(claim.trial_id, step, value)
+        return pruned_at
 
     def pruned_at(self, claim: Claim) -> int | None:
         """The step at which trial ``claim`` was pruned, or None."""

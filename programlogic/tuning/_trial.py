@@ -81,13 +81,21 @@ class TrialProgram:
         check_int("seed", self.seed, minimum=0)
 
 
-class _Reporter(ReleaseManager):
-    """Receives a trial's evaluation metrics and reports the objective to the study."""
+class _Pruning(StoppingPolicy, ReleaseManager):
+    """Reports a trial's evaluations to the study, and stops the trial once pruned.
+
+    Fed the aggregated evaluation metrics, it reports the objective of each evaluated
+    round; the study's answer (the round the pruner stopped the trial at, if it did)
+    is kept here, since only this trial's reports change it. The trial stops at that
+    round: training waits for each evaluation, so ``after_evaluation`` of the round
+    comes after its report.
+    """
 
     def __init__(self, store: StudyStore, claim: Claim, metric: str) -> None:
         self._store = store
         self._claim = claim
         self._metric = metric
+        self.pruned_at: int | None = None
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         # Round 0 is the initial model: nothing a trial's parameters trained yet.
@@ -99,26 +107,16 @@ class _Reporter(ReleaseManager):
                 f"the objective metric {self._metric!r} is not in the evaluation metrics of "
                 f"round {key}; found {sorted(leaves)}"
             )
-        await self._store.call(self._store.report, self._claim, key, float(leaves[self._metric]))
-
-
-class _Pruning(StoppingPolicy):
-    """Stops a trial at the round whose evaluation made the pruner stop it."""
-
-    def __init__(self, store: StudyStore, claim: Claim) -> None:
-        self._store = store
-        self._claim = claim
-
-    async def _pruned_at(self) -> int | None:
-        return await self._store.call(self._store.pruned_at, self._claim)
+        value = float(leaves[self._metric])
+        self.pruned_at = await self._store.call(self._store.report, self._claim, key, value)
 
     async def before_round(self, round_num: int) -> StopReason | None:
-        pruned_at = await self._pruned_at()
-        return PRUNED if pruned_at is not None and pruned_at < round_num else None
+        pruned = self.pruned_at is not None and self.pruned_at < round_num
+        return PRUNED if pruned else None
 
     async def after_evaluation(self, round_num: int) -> StopReason | None:
-        pruned_at = await self._pruned_at()
-        return PRUNED if pruned_at is not None and pruned_at <= round_num else None
+        pruned = self.pruned_at is not None and self.pruned_at <= round_num
+        return PRUNED if pruned else None
 
 
 class _Discarding(ReleaseManager):
@@ -150,6 +148,8 @@ async def run_trial(
     store: StudyStore, claim: Claim, program: TrialProgram, metric: str, directory: Path
 ) -> TrainingResult:
     """Train the trial to its end (or its pruning), resuming what its directory holds."""
+    pruning = _Pruning(store, claim, metric)
+    pruning.pruned_at = await store.call(store.pruned_at, claim)  # set before a crash
     async with contextlib.AsyncExitStack() as stack:
 
         def closed_on_exit(manager: Any) -> Any:
@@ -162,7 +162,7 @@ async def run_trial(
                 aggregated_metrics_manager=GroupingReleaseManager(
                     [
                         closed_on_exit(CSVFileReleaseManager(directory / "evaluation.csv")),
-                        _Reporter(store, claim, metric),
+                        pruning,
                     ]
                 ),
                 create_state_manager_fn=lambda name: FileProgramStateManager(
@@ -185,6 +185,6 @@ async def run_trial(
             evaluation_manager=evaluations,
             evaluation_periodicity=program.evaluation_periodicity,
             seed=program.seed,
-            stopping=_Pruning(store, claim),
+            stopping=pruning,
             stopping_waits_for_evaluations=True,
         )
