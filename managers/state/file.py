@@ -227,7 +227,14 @@ class FileProgramStateManager(ProgramStateManager):
         for entry in os.scandir(self._root):
             if entry.name.startswith(".") and _TEMPORARY_MARK in entry.name:
                 os.unlink(entry.path)
-                logger.info("removed the temporary file %s, left by an earlier run", entry.path)
+                # Spares are what every closed manager leaves; other files, a save cut short.
+                spare = entry.name.startswith(".retired_")
+                logger.log(
+                    logging.DEBUG if spare else logging.INFO,
+                    "removed the %s %s, left by an earlier manager",
+                    "spare file" if spare else "temporary file of an unfinished save",
+                    entry.path,
+                )
 
     def _path(self, version: int) -> Path:
         return self._root / f"{self._prefix}{version}{_SUFFIX}"
