@@ -19,12 +19,24 @@ SIGKILL when trial number TRIAL reaches that stage, at the same instant on any m
 - ``pruning``: the pruner decided on the report of round ROUND and has not returned;
 - ``finishing``: the trial's training ended and the tuner is telling the study
   (the sampler's ``after_trial``, which Optuna calls before it saves the trial's state).
+
+The environment may change the study and hold the program at points a test chooses:
+
+- ``TUNING_STORAGE``: the study's storage URL (``sqlite:///ROOT/study.db`` if unset),
+  ``TUNING_STUDY`` its name (``study``), ``TUNING_POLL_INTERVAL`` the tuner's
+  ``poll_interval`` in seconds (its default if unset);
+- ``TUNING_GATE``: a file's path: every build of a trial prints ``building NUMBER``,
+  then waits until that file exists before it goes on;
+- ``TUNING_HOLD``: a file's path: at the kill point the program prints ``holding``,
+  then waits until that file exists before it kills itself.
 """
 
+import datetime
 import json
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -46,6 +58,20 @@ STUDY_SEED = 7
 RUN = uuid.uuid4().hex
 
 
+def _path_from_environment(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return None if value is None else Path(value)
+
+
+def wait_for(path: Path | None) -> None:
+    """Block until the file ``path`` exists (a test's go-ahead); at once if ``path`` is None.
+
+    It blocks its thread on purpose: a process held there stalls as a stuck machine does.
+    """
+    while path is not None and not path.exists():
+        time.sleep(0.01)
+
+
 class Kill:
     """Where this run kills itself: a stage of a trial (and a round), or nowhere."""
 
@@ -57,9 +83,13 @@ class Kill:
         if (stage in ROUND_STAGES) != (round_num is not None):
             raise ValueError(f"a round is given exactly for the stages {ROUND_STAGES}")
         self.target = (stage, trial, round_num)
+        self.hold = _path_from_environment("TUNING_HOLD")
 
     def at(self, stage: str, trial: int, round_num: int | None = None) -> None:
         if (stage, trial, round_num) == self.target:
+            if self.hold is not None:
+                print("holding", flush=True)
+                wait_for(self.hold)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -132,10 +162,15 @@ def trial_program(
 
 
 def builder(root: Path, kill: Kill):
-    """The trials' factory: records what it builds, then builds it."""
+    """The trials' factory: records what it builds, then builds it (past the gate, if
+    ``TUNING_GATE`` names one)."""
+    gate = _path_from_environment("TUNING_GATE")
 
     def build(spec: TrialSpec) -> TrialProgram:
         record(root / "params.jsonl", number=spec.number, params=spec.params)
+        if gate is not None:
+            print(f"building {spec.number}", flush=True)
+            wait_for(gate)
         kill.at("building", spec.number)
         return trial_program(spec, kill, root=root)
 
@@ -165,6 +200,10 @@ def sampler(kill: Kill):
 async def main(root: Path, concurrency: int, num_trials: int, kill: Kill) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     root.mkdir(parents=True, exist_ok=True)
+    seconds = os.environ.get("TUNING_POLL_INTERVAL")
+    options = (
+        {} if seconds is None else {"poll_interval": datetime.timedelta(seconds=float(seconds))}
+    )
     async with LocalContext():
         await tune(
             search_space=search_space(kill),
@@ -177,6 +216,9 @@ async def main(root: Path, concurrency: int, num_trials: int, kill: Kill) -> Non
             seed=STUDY_SEED,
             sampler=sampler(kill),
             pruner=pruner(kill),
+            storage=os.environ.get("TUNING_STORAGE"),
+            study_name=os.environ.get("TUNING_STUDY", "study"),
+            **options,
         )
     print("done", flush=True)
 

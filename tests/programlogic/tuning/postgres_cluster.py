@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from programlogic.tuning._locks import postgres_conninfo
 
@@ -66,27 +67,47 @@ def _as_postgres(command: list[str | Path], base: Path) -> None:
 
 @contextlib.contextmanager
 def postgres_cluster() -> Iterator[str]:
-    """A running cluster with an empty database ``tuning``: its SQLAlchemy URL."""
+    """A running cluster with an empty database ``tuning``: its SQLAlchemy URL.
+
+    :func:`stop_cluster` and :func:`start_cluster` stop and start it again on its data.
+    """
     bin_dir = postgres_bin()
     # Short and under /tmp: a unix socket's path has at most 107 bytes.
     base = Path(tempfile.mkdtemp(prefix="programlogic-pg-"))
-    data, port = base / "data", _free_port()
+    url = f"postgresql+psycopg://postgres@/{DATABASE}?host={base}&port={_free_port()}"
     try:
         if os.geteuid() == 0:
             shutil.chown(base, "postgres", "postgres")
-        initdb = [bin_dir / "initdb", "-D", data, "-U", "postgres", "--auth=trust"]
+        initdb = [bin_dir / "initdb", "-D", base / "data", "-U", "postgres", "--auth=trust"]
         _as_postgres([*initdb, "-E", "UTF8", "--locale=C", "--no-sync"], base)
-        options = f"-k {base} -c listen_addresses='' -p {port} -F"
-        # -l: the server writes to a file, not to our pipes, which would keep them open.
-        pg_ctl = [bin_dir / "pg_ctl", "-D", data]
-        _as_postgres([*pg_ctl, "-l", base / "server.log", "-o", options, "-w", "start"], base)
+        start_cluster(url)
         try:
-            url = f"postgresql+psycopg://postgres@/{DATABASE}?host={base}&port={port}"
             admin = postgres_conninfo(url.replace(f"/{DATABASE}?", "/postgres?"))
             with psycopg.connect(admin, autocommit=True) as connection:
                 connection.execute(f"CREATE DATABASE {DATABASE}")
             yield url
         finally:
-            _as_postgres([*pg_ctl, "-m", "immediate", "-w", "stop"], base)
+            if (base / "data" / "postmaster.pid").exists():  # a test may have stopped it
+                stop_cluster(url)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _pg_ctl(url: str, *arguments: str | Path) -> None:
+    query = make_url(url).query
+    base, port = Path(str(query["host"])), query["port"]
+    pg_ctl = [postgres_bin() / "pg_ctl", "-D", base / "data"]
+    options = f"-k {base} -c listen_addresses='' -p {port} -F"
+    # -l: the server writes to a file, not to our pipes, which would keep them open.
+    _as_postgres([*pg_ctl, "-l", base / "server.log", "-o", options, *arguments], base)
+
+
+def start_cluster(url: str) -> None:
+    """Start the cluster of a :func:`postgres_cluster` URL, waiting until it serves."""
+    _pg_ctl(url, "-w", "start")
+
+
+def stop_cluster(url: str) -> None:
+    """Stop the cluster of a :func:`postgres_cluster` URL at once, as a crash does: its
+    connections break, and its data stays to start it again."""
+    _pg_ctl(url, "-m", "immediate", "-w", "stop")
