@@ -236,8 +236,19 @@ class _Tuner:
                 await self._run(claim)
             finally:
                 with anyio.CancelScope(shield=True):
-                    await self._store.call(self._store.release, claim.number)
+                    await self._release(claim.number)
             await self.progress(claim.number)
+
+    async def _release(self, number: int) -> None:
+        try:
+            await self._store.call(self._store.release, number)
+        except Exception as error:
+            if self._store.failure is error:
+                raise
+            # The tuner failed already (its database, say): that first error is raised.
+            logger.debug(
+                "could not release trial %d after the tuner failed", number, exc_info=error
+            )
 
     async def _run(self, claim: Claim) -> None:
         store = self._store

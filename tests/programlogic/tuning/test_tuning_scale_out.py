@@ -314,11 +314,6 @@ async def test_a_database_going_down_fails_the_tuner_and_its_trial_resumes(
     assert metric_rounds(tmp_path / "trials" / "0") == list(range(1, final_round + 1))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tuner bug: run_slot's release of the trial's lock, in a finally, raises the lock "
-    "connection's psycopg.OperationalError over store.failure, the storage's first error",
-)
 async def test_a_database_going_down_fails_the_tuner_with_its_first_error(
     tmp_path: Path, anyio_backend: str, own_postgresql_url: str
 ) -> None:
