@@ -87,6 +87,20 @@ StopReason.ALREADY_COMPLETED = StopReason("already_completed")
 StopReason.EARLY_STOPPED = StopReason("early_stopped")
 
 
+async def metric_of_round(value: Any, metric: str, round_num: int, role: str) -> float:
+    """The leaf ``metric`` of a round's released metrics, as a float.
+
+    Raises a KeyError naming the ``role`` (``"the stopping metric"``), the round and
+    the paths there are, when the metrics have no such leaf.
+    """
+    leaves = dict(flatten(await materialize(value)))
+    if metric not in leaves:
+        raise KeyError(
+            f"{role} {metric!r} is not in the metrics of round {round_num}; found {sorted(leaves)}"
+        )
+    return float(leaves[metric])
+
+
 class StoppingPolicy:
     """The early-stopping hook: ``train_model`` asks it whether training goes on.
 
@@ -194,17 +208,12 @@ class MetricStoppingPolicy(StoppingPolicy, ReleaseManager):
         check_key(key)
         if isinstance(key, str):
             return
-        leaves = dict(flatten(await materialize(value)))
-        if self.metric not in leaves:
-            raise KeyError(
-                f"the stopping metric {self.metric!r} is not in the metrics of round {key}; "
-                f"found {sorted(leaves)}"
-            )
+        metric = await metric_of_round(value, self.metric, key, "the stopping metric")
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:  # evaluations may finish at the same time
             results = dict(await self._load())
-            results[key] = float(leaves[self.metric])
+            results[key] = metric
             await self._state_manager.save(
                 {"results": [[round_num, results[round_num]] for round_num in sorted(results)]},
                 self._version,

@@ -5,9 +5,8 @@ On disk, in ``root_dir``::
     program_state_12.plstate             version 12 (``{prefix}{version}.plstate``) in
                                          the codec of managers.serialization
     .program_state_13.plstate.tmp-1f2e   a save in progress, or cut short by a crash
-    .retired_program_state_7.plstate.tmp-9a0b
-                                         a version deleted by retention, kept as a spare
-                                         file that a later save overwrites (at most two)
+    .retired_program_state_7.plstate.tmp-9a0b   a version retention deleted, kept (at
+                                         most two) for a later save to overwrite
     program_state_9.plstate.unreadable   a damaged version that load_latest moved aside
     .plstate.lock                        locked (flock) by the managers using the directory
 
@@ -15,9 +14,8 @@ A save writes its payload to a temporary file in the same directory (a new one, 
 spare), fsyncs it, renames it to its version's name (``os.replace``, atomic) and fsyncs
 the directory; only then does retention retire old versions. A crash at any instant,
 a killed process or a power cut, therefore leaves each version either complete or
-absent, and the version just written never depends on an older one. Temporary files
-are removed when a manager next opens the directory. A save that fails (a full disk)
-removes its temporary file and the spares before raising.
+absent, and the version just written never depends on an older one. A manager opening
+the directory removes temporary files; a failing save (a full disk) its own and spares.
 
 Whatever else is found at a version's name is damage that :meth:`load_latest` skips:
 bytes that do not decode (a checksum mismatch, a size other than the header's, a tree
@@ -227,14 +225,11 @@ class FileProgramStateManager(ProgramStateManager):
         for entry in os.scandir(self._root):
             if entry.name.startswith(".") and _TEMPORARY_MARK in entry.name:
                 os.unlink(entry.path)
-                # Spares are what every closed manager leaves; other files, a save cut short.
+                # A spare is what every closed manager leaves; anything else, a torn save.
                 spare = entry.name.startswith(".retired_")
-                logger.log(
-                    logging.DEBUG if spare else logging.INFO,
-                    "removed the %s %s, left by an earlier manager",
-                    "spare file" if spare else "temporary file of an unfinished save",
-                    entry.path,
-                )
+                what = "spare file" if spare else "temporary file of an unfinished save"
+                level = logging.DEBUG if spare else logging.INFO
+                logger.log(level, "removed the %s %s, left by an earlier manager", what, entry.path)
 
     def _path(self, version: int) -> Path:
         return self._root / f"{self._prefix}{version}{_SUFFIX}"

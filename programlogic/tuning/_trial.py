@@ -17,13 +17,11 @@ from managers.release.csv_file import CSVFileReleaseManager
 from managers.release.grouping import GroupingReleaseManager
 from managers.release.model_file import ModelFileReleaseManager
 from managers.state.file import FileProgramStateManager
-from managers.structure import flatten
 from managers.validation import check_int, check_interface
-from managers.values import materialize
 from programlogic.data import FederatedDataSource
 from programlogic.evaluation import EvaluationManager
 from programlogic.process import LearningProcess
-from programlogic.stopping import StoppingPolicy, StopReason
+from programlogic.stopping import StoppingPolicy, StopReason, metric_of_round
 from programlogic.training import TrainingResult, train_model
 from programlogic.tuning._study import Claim, StudyStore
 
@@ -101,13 +99,7 @@ class _Pruning(StoppingPolicy, ReleaseManager):
         # Round 0 is the initial model: nothing a trial's parameters trained yet.
         if isinstance(check_key(key), str) or key == 0:
             return
-        leaves = dict(flatten(await materialize(value)))
-        if self._metric not in leaves:
-            raise KeyError(
-                f"the objective metric {self._metric!r} is not in the evaluation metrics of "
-                f"round {key}; found {sorted(leaves)}"
-            )
-        value = float(leaves[self._metric])
+        value = await metric_of_round(value, self._metric, key, "the objective metric")
         self.pruned_at = await self._store.call(self._store.report, self._claim, key, value)
 
     async def before_round(self, round_num: int) -> StopReason | None:

@@ -284,7 +284,7 @@ async def test_a_rerun_with_other_settings_is_refused(tmp_path: Path) -> None:
 async def test_the_objective_metric_must_be_in_the_evaluation_metrics(tmp_path: Path) -> None:
     result = await run_study(tmp_path, num_trials=1, metric="eval/accuracy")
     assert result.trials[0].state == "failed"
-    assert "'eval/accuracy' is not in the evaluation metrics" in result.trials[0].error
+    assert "'eval/accuracy' is not in the metrics of round" in result.trials[0].error
 
 
 async def test_the_stop_reason_of_a_pruned_trial_is_pruned(tmp_path: Path) -> None:
