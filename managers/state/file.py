@@ -14,8 +14,8 @@ A save writes its payload to a temporary file in the same directory (a new one, 
 spare), fsyncs it, renames it to its version's name (``os.replace``, atomic) and fsyncs
 the directory; only then does retention retire old versions. A crash at any instant,
 a killed process or a power cut, therefore leaves each version either complete or
-absent, and the version just written never depends on an older one. A manager opening
-the directory removes temporary files; a failing save (a full disk) its own and spares.
+absent, and the version just written never depends on an older one. Opening removes
+temporary files; a save that fails (full disk) removes its own and the spares first.
 
 Whatever else is found at a version's name is damage that :meth:`load_latest` skips:
 bytes that do not decode (a checksum mismatch, a size other than the header's, a tree
