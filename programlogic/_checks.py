@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from managers.validation import (
     check_bool,
@@ -16,6 +16,10 @@ from managers.validation import (
 )
 from programlogic.process import LearningProcessOutput
 from programlogic.stopping import StoppingPolicy
+
+if TYPE_CHECKING:
+    from programlogic._persister import Cadence
+    from programlogic.context import FederatedContext
 
 __all__ = ["check_arguments", "check_output", "warn_of_long_waits"]
 
@@ -91,6 +95,13 @@ def check_arguments(**arguments: Any) -> int | datetime.timedelta:
     check_bool("stopping_waits_for_evaluations", arguments["stopping_waits_for_evaluations"])
     check_bool("resume_with_changed_configuration", arguments["resume_with_changed_configuration"])
     check_interface("clock", arguments["clock"], "Clock", ["now"], allow_none=True)
+    check_int("checkpoint_every", arguments["checkpoint_every"], minimum=1)
+    check_timedelta(
+        "checkpoint_interval",
+        arguments["checkpoint_interval"],
+        above=datetime.timedelta(0),
+        allow_none=True,
+    )
     periodicity = arguments["evaluation_periodicity"]
     if isinstance(periodicity, datetime.timedelta):
         return check_timedelta("evaluation_periodicity", periodicity, above=datetime.timedelta(0))
@@ -100,6 +111,28 @@ def check_arguments(**arguments: Any) -> int | datetime.timedelta:
             f"got {describe(periodicity)}"
         )
     return check_int("evaluation_periodicity", periodicity, minimum=1)
+
+
+def check_cadence(cadence: Cadence, context: FederatedContext, periodicity: Any) -> None:
+    """Refuse a checkpoint cadence whose replayed rounds would not be the rounds lost."""
+    if cadence.every_round:
+        return
+    asked = f"checkpoint_every={cadence.every}" + (
+        "" if cadence.interval is None else f" and checkpoint_interval={cadence.interval}"
+    )
+    if not context.replays_rounds:
+        raise ValueError(
+            f"{asked} needs a federated context that computes a round again exactly, and "
+            f"this {type(context).__name__} does not (a round deadline drops clients by "
+            "timing): the rounds after a checkpoint, computed again after a crash, would "
+            "differ from the ones released; checkpoint every round"
+        )
+    if isinstance(periodicity, datetime.timedelta):
+        raise ValueError(
+            f"{asked} needs an int evaluation_periodicity, got {periodicity!r}: which "
+            "rounds a time period evaluates depends on when they run, so the rounds "
+            "computed again after a crash would not be evaluated as the ones released"
+        )
 
 
 def check_output(output: Any) -> LearningProcessOutput:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from managers.clock import Clock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.values import materialize
@@ -19,34 +22,75 @@ from programlogic.process import LearningProcess, as_async
 if TYPE_CHECKING:
     from programlogic.training import EvaluationManagerProtocol
 
-__all__ = ["Persister"]
+__all__ = ["Cadence", "Persister", "evaluations_stopped_on_failure"]
+
+# Its messages are train_model's: users find them under that module's name.
+logger = logging.getLogger("programlogic.training")
+
+
+@dataclasses.dataclass
+class Cadence:
+    """Which rounds are checkpointed: every ``every``-th round since the last save, once
+    at least ``interval`` has passed on ``clock`` since it (when given); and always the
+    initial state, the last round and a round a stopping policy made the last."""
+
+    clock: Clock
+    total_rounds: int
+    every: int = 1
+    interval: datetime.timedelta | None = None
+    last_save: datetime.datetime | None = None
+
+    @property
+    def every_round(self) -> bool:
+        """Whether every round is checkpointed."""
+        return self.every == 1 and self.interval is None
+
+    def due(self, checkpoint: Checkpoint, saved_round: int) -> bool:
+        """Whether ``checkpoint`` is saved, the newest saved round being ``saved_round``."""
+        round_num = checkpoint.round_num
+        if self.every_round or round_num == 0:
+            return True
+        if checkpoint.stop_reason is not None or round_num >= self.total_rounds:
+            return True
+        if round_num - saved_round < self.every:
+            return False
+        return (
+            self.interval is None
+            or self.last_save is None
+            or (self.clock.now() - self.last_save >= self.interval)
+        )
 
 
 @dataclasses.dataclass
 class Persister:
-    """Saves checkpoints in order and makes each round's releases after its save.
+    """Saves the checkpoints its cadence asks for, in order, and releases every round.
 
     A round's metrics go to ``metrics_manager`` with the round as key, and its
-    evaluation is started when it is due. ``persisted_round`` is the newest round whose
-    save and releases are done.
+    evaluation is started when it is due, after the round's save when it is saved.
+    ``persisted_round`` is the newest round whose save (if any) and releases are done.
     """
 
     process: LearningProcess
     state_manager: ProgramStateManager
     metrics_manager: ReleaseManager | None
     evaluation_manager: EvaluationManagerProtocol | None
+    cadence: Cadence
     persisted_round: int = -1
     saved_round: int = -1
+    settled_round: int = -1
     handed_round: int = -1
     _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
 
     async def persist(self, checkpoint: Checkpoint) -> None:
-        """Save ``checkpoint``, then make its releases."""
+        """Save ``checkpoint`` when the cadence asks for it, then make its releases."""
         # Only what the process returned can hold value references.
         train_state, metrics = await materialize((checkpoint.train_state, checkpoint.metrics))
         saved = dataclasses.replace(checkpoint, train_state=train_state, metrics=metrics)
-        await self.state_manager.save(saved.to_saved(), saved.round_num)
-        self.saved_round = saved.round_num
+        if self.cadence.due(saved, self.saved_round):
+            await self.state_manager.save(saved.to_saved(), saved.round_num)
+            self.saved_round = saved.round_num
+            self.cadence.last_save = self.cadence.clock.now()
+        self.settled_round = saved.round_num
         self._notify()
         await self._release(saved)
         self._persisted(saved.round_num)
@@ -65,8 +109,9 @@ class Persister:
 
     @contextlib.asynccontextmanager
     async def saving_trained_rounds(self) -> AsyncIterator[None]:
-        """On a failure in the block, wait until every round handed over is saved, then let
-        the failure through: a round already trained is not lost to a later one's failure.
+        """On a failure in the block, wait until every round handed over is saved (or, under
+        a cadence, passed over), then let the failure through: a round already trained
+        is not lost to a later one's failure.
 
         Its releases are left to the rerun, which makes them again. Cancellation is not
         waited on.
@@ -74,12 +119,14 @@ class Persister:
         try:
             yield
         except Exception:
-            while self.saved_round < self.handed_round:
+            while self.settled_round < self.handed_round:
                 await self._progress.wait()
             raise
 
     async def release_again(self, checkpoint: Checkpoint) -> None:
         """Make the releases of ``checkpoint``, saved by an earlier run, once more."""
+        self.saved_round = self.settled_round = checkpoint.round_num
+        self.cadence.last_save = self.cadence.clock.now()
         await self._release(checkpoint)
         self._persisted(checkpoint.round_num)
 
@@ -112,3 +159,27 @@ class Persister:
     def _notify(self) -> None:
         self._progress.set()
         self._progress = anyio.Event()
+
+
+@contextlib.asynccontextmanager
+async def evaluations_stopped_on_failure(
+    evaluation_manager: EvaluationManagerProtocol | None,
+) -> AsyncIterator[None]:
+    """On failure or cancellation, stop the evaluations this call started or resumed.
+
+    An evaluation manager with an ``aclose`` (:class:`~programlogic.EvaluationManager`)
+    is closed: its running evaluations are cancelled (their saved state stays for a
+    resume) and its state managers released. A failure of ``aclose`` itself is logged:
+    it must not hide the failure that got here.
+    """
+    try:
+        yield
+    except BaseException:
+        close = getattr(evaluation_manager, "aclose", None)
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await close()
+                except Exception:
+                    logger.exception("closing the evaluation manager after a failure failed")
+        raise

@@ -144,6 +144,17 @@ class FederatedContext(abc.ABC):
         return 1
 
     @property
+    def replays_rounds(self) -> bool:
+        """Whether computing a round again gives the same result (True unless overridden).
+
+        ``train_model`` checkpoints less often than every round only in a context that
+        replays: the rounds after the last checkpoint are computed again on resume.
+        A backend whose results depend on timing (a round deadline that drops slow
+        clients) answers False.
+        """
+        return True
+
+    @property
     def background(self) -> TaskTracker:
         """The owner of this context's background work; only while the context is entered."""
         if self._background is None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
@@ -15,9 +14,14 @@ from anyio.streams.memory import MemoryObjectSendStream
 from managers.clock import Clock, SystemClock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
-from programlogic._checks import check_arguments, check_output, warn_of_long_waits
+from programlogic._checks import (
+    check_arguments,
+    check_cadence,
+    check_output,
+    warn_of_long_waits,
+)
 from programlogic._configuration import describe_run
-from programlogic._persister import Persister
+from programlogic._persister import Cadence, Persister, evaluations_stopped_on_failure
 from programlogic._resume import load_resumable
 from programlogic._stopper import Stopper
 from programlogic.checkpoint import Checkpoint
@@ -103,6 +107,8 @@ async def train_model(
     stopping: StoppingPolicy | None = None,
     stopping_waits_for_evaluations: bool = False,
     resume_with_changed_configuration: bool = False,
+    checkpoint_every: int = 1,
+    checkpoint_interval: datetime.timedelta | None = None,
 ) -> TrainingResult:
     """Train ``train_process`` for ``train_total_rounds`` rounds, resuming where it stopped.
 
@@ -123,7 +129,20 @@ async def train_model(
        ``clock``; the initial model and the last round are always evaluated).
 
     Steps 3-5 of a round overlap step 2 of the next round, but at most one save is in
-    flight and a round's releases follow its save. The initial state is saved as
+    flight and a round's releases follow its save.
+
+    Checkpoint cadence: with ``checkpoint_every=N`` a round is saved (step 3) only
+    ``N`` rounds after the last saved one, and with ``checkpoint_interval`` only once
+    that much time has passed on ``clock`` since the last save (both, when both are
+    given); the initial state, the last round and a round a stopping policy made the
+    last are always saved. Every round's metrics are still released and its evaluation
+    started. A crash loses the rounds after the newest checkpoint, which a rerun
+    computes again (sampling and randomness are functions of ``seed`` and the round)
+    and releases again under the same keys, so the outputs are those of an
+    uninterrupted run. That needs a context that replays rounds exactly
+    (``FederatedContext.replays_rounds``; not a ``RayContext`` with a
+    ``round_deadline``) and an ``int`` ``evaluation_periodicity``: otherwise a cadence
+    is refused with a ``ValueError``. The initial state is saved as
     version 0 before round 1 starts. After the last round ``n``, the final model weights
     are released to ``model_output_manager`` with key ``final_model_key(n)``, and
     ``train_model`` waits for the evaluations to finish.
@@ -193,20 +212,24 @@ async def train_model(
         stopping=stopping,
         stopping_waits_for_evaluations=stopping_waits_for_evaluations,
         resume_with_changed_configuration=resume_with_changed_configuration,
+        checkpoint_every=checkpoint_every,
+        checkpoint_interval=checkpoint_interval,
     )
     iterator = train_data_source.iterator(seed)
     try:
         iterator.select(train_per_round_clients, 1)
     except ValueError as error:
         raise ValueError(f"train_per_round_clients={train_per_round_clients}: {error}") from None
-    get_context()  # a clear error outside a federated context
-    warn_of_long_waits(stopping, stopping_waits_for_evaluations, evaluation_manager)
     clock = clock or SystemClock()
+    cadence = Cadence(clock, train_total_rounds, checkpoint_every, checkpoint_interval)
+    check_cadence(cadence, get_context(), periodicity)
+    warn_of_long_waits(stopping, stopping_waits_for_evaluations, evaluation_manager)
     persister = Persister(
         process=train_process,
         state_manager=program_state_manager,
         metrics_manager=train_metrics_manager,
         evaluation_manager=evaluation_manager,
+        cadence=cadence,
     )
     program = _Program(
         process=train_process,
@@ -232,30 +255,6 @@ async def train_model(
         ),
     )
     return await program.run()
-
-
-@contextlib.asynccontextmanager
-async def _evaluations_stopped_on_failure(
-    evaluation_manager: EvaluationManagerProtocol | None,
-) -> AsyncIterator[None]:
-    """On failure or cancellation, stop the evaluations this call started or resumed.
-
-    An evaluation manager with an ``aclose`` (:class:`~programlogic.EvaluationManager`)
-    is closed: its running evaluations are cancelled (their saved state stays for a
-    resume) and its state managers released. A failure of ``aclose`` itself is logged:
-    it must not hide the failure that got here.
-    """
-    try:
-        yield
-    except BaseException:
-        close = getattr(evaluation_manager, "aclose", None)
-        if close is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await close()
-                except Exception:
-                    logger.exception("closing the evaluation manager after a failure failed")
-        raise
 
 
 @dataclasses.dataclass
@@ -298,7 +297,7 @@ class _Program:
         # method owns the receiving end: it stays open when the persister fails, so the
         # loop, waiting to hand over a round, is cancelled instead of told the stream broke.
         send, receive = anyio.create_memory_object_stream[Checkpoint](0)
-        stop_evaluations_on_failure = _evaluations_stopped_on_failure(self.evaluation_manager)
+        stop_evaluations_on_failure = evaluations_stopped_on_failure(self.evaluation_manager)
         async with send, receive, stop_evaluations_on_failure, task_group() as group:
             if self.evaluation_manager is not None:
                 await self.evaluation_manager.resume_from_previous_state()

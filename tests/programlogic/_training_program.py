@@ -2,9 +2,10 @@
 
 ``python _training_program.py DIR ROUNDS BACKEND [STAGE ROUND]`` trains the fake process
 with file program state, CSV metrics and model files under DIR, resuming from whatever
-DIR holds, on the anyio BACKEND, and prints "done" at the end. Given STAGE and ROUND, it
-kills itself with SIGKILL when it reaches that stage of that round (a round past the
-one it resumed from), at the same instant on any machine:
+DIR holds, on the anyio BACKEND, and prints "done" at the end; the environment variable
+``CHECKPOINT_EVERY`` sets ``train_model``'s ``checkpoint_every`` (1 when unset). Given
+STAGE and ROUND, it kills itself with SIGKILL when it reaches that stage of that round
+(a round past the one it resumed from), at the same instant on any machine:
 
 - ``computing``: the learning process has started the round's computation;
 - ``saving``: the round's program state is handed to the state manager, not written;
@@ -87,6 +88,7 @@ async def main(root: Path, rounds: int, kill: Kill) -> None:
             model_output_manager=models(root / "models"),
             train_metrics_manager=metrics,
             seed=3,
+            checkpoint_every=int(os.environ.get("CHECKPOINT_EVERY", "1")),
         )
     print("done", flush=True)
 

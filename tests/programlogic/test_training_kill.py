@@ -39,10 +39,13 @@ KILLS = [
 ]
 
 
-async def run(root: Path, backend: str, *kill: str | int) -> subprocess.CompletedProcess[bytes]:
+async def run(
+    root: Path, backend: str, *kill: str | int, every: int = 1
+) -> subprocess.CompletedProcess[bytes]:
     command = [sys.executable, str(PROGRAM), str(root), str(ROUNDS), backend, *map(str, kill)]
+    environment = {**ENVIRONMENT, "CHECKPOINT_EVERY": str(every)}
     with anyio.fail_after(120):  # a hang guard: a run takes a few seconds
-        return await anyio.run_process(command, check=False, env=ENVIRONMENT)
+        return await anyio.run_process(command, check=False, env=environment)
 
 
 def newest_version(root: Path) -> int:
@@ -68,6 +71,26 @@ async def test_a_program_killed_at_each_stage_resumes_to_the_uninterrupted_resul
         assert stopped.returncode == -signal.SIGKILL, (stage, stopped.stderr.decode())
         assert lowest <= newest_version(killed) <= highest, (stage, round_num)
     await run_to_completion(killed, anyio_backend)
+    assert (killed / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()
+    key = final_model_key(ROUNDS)
+    ours = await ModelFileReleaseManager(killed / "models").load(key)
+    theirs = await ModelFileReleaseManager(reference / "models").load(key)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+async def test_a_program_checkpointing_every_4_rounds_killed_between_checkpoints_replays_them(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    await run_to_completion(reference, anyio_backend)
+    for stage, round_num in [("computing", 7), ("releasing", 10), ("saving", 16), ("final", 60)]:
+        stopped = await run(killed, anyio_backend, stage, round_num, every=4)
+        assert stopped.returncode == -signal.SIGKILL, (stage, stopped.stderr.decode())
+        newest = newest_version(killed)
+        assert newest % 4 == 0 and newest <= round_num, (stage, round_num, newest)
+    finished = await run(killed, anyio_backend, every=4)
+    assert finished.returncode == 0, finished.stderr.decode()
+    # The rounds after each checkpoint were trained again and released again: the same.
     assert (killed / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()
     key = final_model_key(ROUNDS)
     ours = await ModelFileReleaseManager(killed / "models").load(key)

@@ -148,6 +148,11 @@ class RayContext(StreamingContext):
         return self._pool.size or self.max_workers or 1
 
     @property
+    def replays_rounds(self) -> bool:
+        """False with a ``round_deadline``: which clients it drops depends on timing."""
+        return self.round_deadline is None
+
+    @property
     def owns_connection(self) -> bool:
         """Whether this context initialized Ray (and shuts it down when left)."""
         return self._session.owns_connection
