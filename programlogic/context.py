@@ -82,6 +82,8 @@ class FederatedContext(abc.ABC):
       defaults: start and stop what the backend needs there.
     - ``parallelism``: how many units of client work run at once (default 1); backends
       with several workers override it.
+    - ``replays_rounds``: whether the same call computed again gives the same results
+      (default True); a backend whose results depend on timing overrides it with False.
 
     A backend that may drop clients (a round deadline, workers that keep dying) leaves
     them out of the results of ``map_clients`` and ``aggregate_clients`` and tells the

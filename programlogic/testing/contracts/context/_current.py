@@ -91,3 +91,14 @@ class CurrentContextTests:
         async with context:
             values.append(context.parallelism)
         assert all(type(value) is int and value >= 1 for value in values), values
+
+    async def test_a_context_that_replays_rounds_computes_a_call_again_the_same(
+        self, make_context: Callable[[], FederatedContext]
+    ) -> None:
+        context = make_context()
+        assert type(context.replays_rounds) is bool, context.replays_rounds
+        async with context:
+            first = await context.map_clients(_echo, 7, _handles(5))
+            again = await context.map_clients(_echo, 7, _handles(5))
+        if context.replays_rounds:  # train_model's checkpoint cadence relies on it
+            assert again == first
