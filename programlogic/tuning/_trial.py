@@ -163,6 +163,10 @@ async def run_trial(
                 create_process_fn=lambda name: (program.evaluation_process, _Discarding()),
                 cohort_size=program.evaluation_per_round_clients,
                 duration=datetime.timedelta(0),
+                # One at a time, in the order started: the initial model's evaluation,
+                # which overlaps rounds 1.. even as training waits, ends before round
+                # r's, so evaluation.csv's rows are in round order on every run.
+                max_concurrent=1,
                 seed=program.seed,
             )
         )
