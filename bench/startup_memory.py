@@ -32,6 +32,7 @@ In CI: ``python bench/startup_memory.py --short`` (no long run, no TFF).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -168,6 +169,8 @@ def measure_main_job(
         raise SystemExit(f"{main_job} exited with {run['returncode']}")
     first_s = run["marks"][1][0]
     figures = {"peak_mb": run["peak_mb"], "first_round_s": first_s, "wall_s": run["wall_s"]}
+    if 10 in run["marks"]:  # the split at round 1 moves with when round 0's evaluation compiles
+        figures["round_10_s"] = run["marks"][10][0]
     figures["rss_at_round_mb"] = {str(mark): rss for mark, (_, rss) in run["marks"].items()}
     low, high = span
     between = run["marks"][high][0] - run["marks"][low][0]
@@ -192,29 +195,45 @@ def measure_tff(python: str) -> dict[str, Any]:
     }
 
 
-def measure_imports(main_job: Path) -> dict[str, Any]:
-    """The top-level modules of a one-round main job, by cumulative import time."""
+_RUN_AND_LIST = """
+import atexit, runpy, sys
+atexit.register(lambda: print("MODULES", sorted({m.partition(".")[0] for m in sys.modules})))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def measure_imports(main_job: Path, *, verbose: bool = True) -> dict[str, Any]:
+    """The top-level modules of a one-round main job, by cumulative import time, and
+    which of :data:`WATCHED` it held at exit (importtime lists failed imports too).
+
+    ``verbose`` passes ``--verbose``, without which the quiet import sends importtime's
+    lines to its temporary file (a main job from before the flag needs False).
+    """
     with tempfile.TemporaryDirectory() as root:
-        # --verbose: the quiet import would send importtime's lines to its temporary file
-        command = [sys.executable, "-X", "importtime", str(main_job), "--rounds", "1", "--verbose"]
+        arguments = [str(main_job), "--rounds", "1", "--root", root]
+        if verbose:
+            arguments.append("--verbose")
         done = subprocess.run(
-            [*command, "--root", root],
+            [sys.executable, "-X", "importtime", "-c", _RUN_AND_LIST, *arguments],
             env=_env(main_job.parent.parent),
             capture_output=True,
             text=True,
             timeout=600,
         )
+    if done.returncode != 0:
+        raise SystemExit(f"the main job exited with {done.returncode}: {done.stderr[-2000:]}")
     top: dict[str, int] = {}
-    names = set()
     for match in re.finditer(r"^import time:\s+\d+ \|\s+(\d+) \| +(\S+)$", done.stderr, re.M):
         cumulative, name = int(match[1]), match[2]
-        names.add(name.partition(".")[0])
         if "." not in name:  # a package's cumulative time holds what it imported first
             top[name] = max(top.get(name, 0), cumulative)
     slowest = sorted(top.items(), key=lambda item: -item[1])[:8]
+    [listed] = [line for line in done.stdout.splitlines() if line.startswith("MODULES ")]
+    held = set(ast.literal_eval(listed.removeprefix("MODULES ")))
     return {
         "slowest_top_level_ms": {name: round(us / 1000) for name, us in slowest},
-        "imported": {name: name in names for name in WATCHED},
+        "imported": {name: name in held for name in WATCHED},
     }
 
 
@@ -236,7 +255,8 @@ def print_table(figures: dict[str, Any]) -> None:
     for key, name in (("baseline", "main job (baseline)"), ("main_job", "main job")):
         if key in figures:
             job = figures[key]
-            note = f"rounds 2-10 {_ms(job['round_ms'])} ms/round"
+            rounds = f"rounds 2-10 {_ms(job['round_ms'])} ms/round"
+            note = f"round 10 at {job['round_10_s']:.2f} s ({rounds})"
             print(_row(name, job["peak_mb"], floor, job["first_round_s"], note))
     if "tff" in figures:
         tff = figures["tff"]
@@ -246,8 +266,11 @@ def print_table(figures: dict[str, Any]) -> None:
         long = figures["long"]
         rss = ", ".join(f"round {k}: {v:.0f} MB" for k, v in long["rss_at_round_mb"].items())
         print(f"long run: {rss}; {_ms(long['round_ms'])} ms/round after round 10")
-    imports = figures.get("imports")
-    if imports:
+    for key in ("baseline_imports", "imports"):
+        imports = figures.get(key)
+        if not imports:
+            continue
+        print(f"{'baseline' if key == 'baseline_imports' else 'main job'}:")
         print(
             "imported:",
             ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in imports["imported"].items()),
@@ -276,6 +299,8 @@ def main() -> None:
         marks = tuple(sorted({1, 10, min(100, long), long}))
         figures["long"] = measure_main_job(MAIN_JOB, long, marks, (10, long))
     figures["imports"] = measure_imports(MAIN_JOB)
+    if arguments.baseline_main_job is not None:
+        figures["baseline_imports"] = measure_imports(arguments.baseline_main_job, verbose=False)
     figures["load_after"] = os.getloadavg()[0]
     print(json.dumps(figures), flush=True)
     print_table(figures)
