@@ -3,6 +3,7 @@ job's own lines; what Keras imports for integrations the job does not use stays 
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -41,12 +42,22 @@ def main_job(root: pathlib.Path, *arguments: str) -> subprocess.CompletedProcess
     )
 
 
+def assert_log_lines_start_lines(stderr: str) -> None:
+    """Every log line, the event loop's and worker threads' alike, begins a line of its
+    own: tqdm cleared its bar (a carriage return) before it, none is written into a bar."""
+    logged = [line.split("\r")[-1] for line in stderr.split("\n") if re.search(r" [\w.]+: ", line)]
+    assert len(logged) >= 5  # starting, training, tensorboard, evaluations, completed...
+    timestamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [\w.]+: ")
+    assert all(timestamp.match(line) for line in logged), logged
+
+
 async def test_by_default_no_tensorflow_start_up_lines_and_with_verbose_debug_logs(tmp_path):
     quiet = main_job(tmp_path / "quiet")
     assert quiet.returncode == 0, quiet.stderr
     assert not [line for line in quiet.stderr.splitlines() if any(n in line for n in NOISE)]
     assert "main_job: training 2 rounds on digits" in quiet.stderr
     assert "released key" not in quiet.stderr  # a DEBUG line
+    assert_log_lines_start_lines(quiet.stderr)
     verbose = main_job(tmp_path / "verbose", "--verbose")
     assert verbose.returncode == 0, verbose.stderr
     assert "main_job: training 2 rounds on digits" in verbose.stderr
