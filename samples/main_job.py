@@ -26,6 +26,10 @@ after the last saved round and ends with the model an uninterrupted run gives. A
 ``--dp-noise-multiplier Z`` trains with differential privacy (``--dp-clip``,
 ``--dp-delta``, ``--privacy-budget EPSILON``): see ``samples/_job_privacy.py``.
 
+TensorFlow's C++ start-up lines (absl, oneDNN, CUDA) are kept off the terminal, and
+Keras' Matplotlib and scikit-learn integrations are not imported (see
+``samples/_job_startup.py``); ``--verbose`` shows those lines and logs at DEBUG.
+
 ``--context ray`` runs the client work on Ray actors: a local Ray cluster, or the
 cluster ``--ray-address HOST:PORT`` names (see the README's "Scale out on Ray").
 """
