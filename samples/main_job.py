@@ -26,6 +26,10 @@ after the last saved round and ends with the model an uninterrupted run gives. A
 ``--dp-noise-multiplier Z`` trains with differential privacy (``--dp-clip``,
 ``--dp-delta``, ``--privacy-budget EPSILON``): see ``samples/_job_privacy.py``.
 
+TensorFlow's C++ start-up lines (absl, oneDNN, CUDA) are kept off the terminal, and
+Keras' Matplotlib and scikit-learn integrations are not imported (see
+``samples/_job_startup.py``); ``--verbose`` shows those lines and logs at DEBUG.
+
 ``--context ray`` runs the client work on Ray actors: a local Ray cluster, or the
 cluster ``--ray-address HOST:PORT`` names (see the README's "Scale out on Ray").
 """
@@ -36,12 +40,10 @@ import argparse
 import datetime
 import functools
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # A script (python samples/main_job.py, or run by runpy): the repository's root makes
 # its sibling modules importable as the samples package's.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -80,6 +82,7 @@ from samples._job_privacy import (
     privacy_stopping,
     resolve_privacy_flags,
 )
+from samples._job_startup import KERAS_INTEGRATIONS, import_tensorflow
 
 logger = logging.getLogger("main_job")
 
@@ -433,6 +436,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path("runs/main_job"),
         help="directory of the run's state, metrics and models",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and DEBUG logs (each release, among others)",
+    )
     arguments = parser.parse_args(argv)
     if arguments.client_lr is None:
         arguments.client_lr = CLIENT_LEARNING_RATES[arguments.model]
@@ -458,12 +466,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except OtherRunError as error:
         sys.exit(f"main_job: {error}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    verbose = arguments.verbose
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
     logging.getLogger("tensorflow").setLevel(logging.WARNING)  # not each SavedModel's assets
     logging.getLogger("absl").setLevel(logging.ERROR)  # not dp-accounting's skipped RDP orders
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     try:
+        import_tensorflow(verbose=verbose, without=KERAS_INTEGRATIONS)
         with logging_redirect_tqdm():
             programlogic.run(run(arguments))
     except KeyboardInterrupt:

@@ -38,13 +38,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # A script (python samples/tune.py, or run by runpy): the repository's root makes its
 # sibling modules importable as the samples package's.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -56,6 +54,7 @@ from managers import ModelFileReleaseManager
 from programlogic import LocalContext
 from samples._job_algorithms import build_process
 from samples._job_config import write_config
+from samples._job_startup import import_tensorflow
 from samples.main_job import HELD_OUT_ACCURACY, _whole
 
 CLIENT_LEARNING_RATES = (1e-3, 1.0)
@@ -286,12 +285,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--root", type=Path, default=Path("runs/tune"), help="directory of the study's trials"
     )
+    parser.add_argument("--verbose", action="store_true", help="show TensorFlow's start-up lines")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     arguments = parse_arguments(argv)
     try:
+        import_tensorflow(verbose=arguments.verbose)  # Optuna's plots need Matplotlib
         programlogic.run(run(arguments))
     except KeyboardInterrupt:
         sys.exit("tune: interrupted; rerun the same command to resume")

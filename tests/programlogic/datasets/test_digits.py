@@ -58,6 +58,18 @@ async def test_writer_forms_splits_at_runs_after_the_random_digits() -> None:
 async def test_without_scikit_learn_the_error_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     with pytest.raises(ImportError, match=r"scikit-learn.*pip install 'programlogic\[learning\]'"):
         load_digits_writers()
+
+
+async def test_the_digits_are_scikit_learns_read_without_importing_it() -> None:
+    from sklearn.datasets import load_digits
+
+    from programlogic.datasets.digits import _digits
+
+    pixels, labels = _digits()
+    expected_pixels, expected_labels = load_digits(return_X_y=True)
+    assert np.array_equal(pixels, expected_pixels) and pixels.dtype == expected_pixels.dtype
+    assert np.array_equal(labels, expected_labels)
