@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -146,7 +147,7 @@ def build(workload: Workload, formulation: str, data: dict[str, Any]) -> Run:
 def time_round(run: Run, clients: int, split: int, repeats: int, pool: ThreadPoolExecutor) -> float:
     """Median seconds of a round of ``run`` with the clients in ``split`` concurrent calls."""
     bounds = np.linspace(0, clients, split + 1).round().astype(int)
-    parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+    parts = [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
     def once() -> float:
         start = time.perf_counter()
