@@ -211,6 +211,39 @@ def measure(
     }
 
 
+QUICK_FORMULATIONS = ("numpy", "xla_matmul", "xla_bmr", "keras_vmap")
+"""What ``fedavg_vs_tff.py`` times: the fastest at the tutorial's shapes, quick to compile."""
+
+
+def quick_ceiling(clients: int) -> dict[str, Any]:
+    """The roofline of a tutorial round of ``clients`` clients in a few seconds, printed."""
+    result = measure(Workload(clients), QUICK_FORMULATIONS, repeats=5 if clients <= 10 else 3)
+    print_roofline(result)
+    return result
+
+
+def read_against(row: dict[str, Any], result: dict[str, Any], names: Sequence[str]) -> None:
+    """Adds to ``row`` the roofline ``result`` and, for each ``name`` with a
+    ``{name}_median_ms``, that round as a multiple of the ceiling: ``{name}_vs_ceiling``."""
+    row.update(
+        ceiling=result["ceiling"],
+        ceiling_ms=result["ceiling_ms"],
+        flops_per_round=result["flops_per_round"],
+        floor_ms=result["floor_ms"],
+        roofline=result,
+    )
+    for name in names:
+        if f"{name}_median_ms" in row:
+            row[f"{name}_vs_ceiling"] = row[f"{name}_median_ms"] / result["ceiling_ms"]
+
+
+def multiples_text(row: dict[str, Any], names: Sequence[str]) -> str:
+    """``"<ceiling ms>: <multiple>/<multiple>..."``, one multiple for each of ``names``."""
+    multiples = (row.get(f"{name}_vs_ceiling") for name in names)
+    text = "/".join("-" if value is None else f"{value:.2f}" for value in multiples)
+    return f"{row['ceiling_ms']:.2f}: {text}"
+
+
 def print_roofline(result: dict[str, Any]) -> None:
     """The workload, its FLOPs and floor, then a table of the formulations."""
     w = result["workload"]
