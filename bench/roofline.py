@@ -16,7 +16,8 @@ Each formulation runs with the clients in one call (``split`` 1) and split in tw
 halves run by two threads at once (``split`` 2: both cores; NumPy and TensorFlow
 release the GIL while they compute). Every one is warmed up (compiled) first; the
 round time is the median of ``--repeats`` rounds. The ceiling is the fastest
-formulation's round time. Prints a table, then one JSON line.
+formulation's round time. The repeats go round-robin over the formulations, so a
+burst of other work on the machine slows each alike. Prints a table, then one JSON line.
 
     python bench/roofline.py [--clients 10 100] [--model softmax|mlp|cnn]
         [--features 784] [--formulations ...] [--unrolled] [--repeats 5]
@@ -144,8 +145,9 @@ def build(workload: Workload, formulation: str, data: dict[str, Any]) -> Run:
     return build_keras(data, workload.steps, workload.batch, model, over_clients)
 
 
-def time_round(run: Run, clients: int, split: int, repeats: int, pool: ThreadPoolExecutor) -> float:
-    """Median seconds of a round of ``run`` with the clients in ``split`` concurrent calls."""
+def round_timer(run: Run, clients: int, split: int, pool: ThreadPoolExecutor) -> Any:
+    """A function timing one round of ``run``, the clients in ``split`` concurrent calls,
+    already warmed up (each part's shapes traced and compiled)."""
     bounds = np.linspace(0, clients, split + 1).round().astype(int)
     parts = [slice(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
@@ -155,8 +157,8 @@ def time_round(run: Run, clients: int, split: int, repeats: int, pool: ThreadPoo
             future.result()
         return time.perf_counter() - start
 
-    once()  # warm-up: traces and compiles each part's shapes
-    return statistics.median(once() for _ in range(repeats))
+    once()
+    return once
 
 
 def default_formulations(model: str, unrolled: bool = False) -> list[str]:
@@ -180,22 +182,30 @@ def measure(
     flops = flops_per_round(workload)
     floor_ms = flops / (max(gflops.values()) * 1e9) * 1e3
     data = softmax_data(workload.clients, workload.examples, workload.features, workload.classes)
-    rows = []
     with ThreadPoolExecutor(max(splits), thread_name_prefix="roofline") as pool:
-        for name in names:
-            run = build(workload, name, data)
-            for split in splits:
-                seconds = time_round(run, workload.clients, split, repeats, pool)
-                rows.append(
-                    {
-                        "formulation": name,
-                        "split": split,
-                        "round_ms": seconds * 1e3,
-                        "step_us": seconds / workload.steps * 1e6,
-                        "gflops": flops / seconds / 1e9,
-                        "floor_fraction": floor_ms / (seconds * 1e3),
-                    }
-                )
+        runs = {name: build(workload, name, data) for name in names}
+        timers = {
+            (name, split): round_timer(run, workload.clients, split, pool)
+            for name, run in runs.items()
+            for split in splits
+        }
+        # Round-robin, so that a burst of other work on the machine hits every one alike.
+        times: dict[tuple[str, int], list[float]] = {key: [] for key in timers}
+        for _ in range(repeats):
+            for key, timer in timers.items():
+                times[key].append(timer())
+    rows = []
+    for (name, split), seconds in ((key, statistics.median(t)) for key, t in times.items()):
+        rows.append(
+            {
+                "formulation": name,
+                "split": split,
+                "round_ms": seconds * 1e3,
+                "step_us": seconds / workload.steps * 1e6,
+                "gflops": flops / seconds / 1e9,
+                "floor_fraction": floor_ms / (seconds * 1e3),
+            }
+        )
     best = min(rows, key=lambda row: row["round_ms"])
     return {
         "workload": {**dataclasses.asdict(workload), "steps": workload.steps},
