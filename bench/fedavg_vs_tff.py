@@ -24,7 +24,10 @@ Ours runs ``--repeats`` times (default 3), bare and program alternating, after a
 tensorboardX, about 0.2 s holding the GIL, which would otherwise slow rounds 2-3 of the
 first run). Every run builds a new process, so its first round traces and compiles
 (XLA) again. Medians pool the rounds after the first of every run; the first rounds
-are reported apart ("first", their median). The losses of every round of every run must
+are reported apart ("first", their median). The machine's own ceiling for the round
+(``roofline.quick_ceiling``: the bare SGD math at these shapes, fastest formulation) is
+measured in the same run, before ours; each median round (bare, program, TFF's) is
+printed as a multiple of it ("x ceiling"). The losses of every round of every run must
 agree with TFF's to 1e-5 relative, or the script exits with status 1. Prints a table,
 then one JSON line with every number.
 
@@ -51,6 +54,7 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import anyio
+import roofline
 from _tff_comparison import (
     ANCHORS,
     TOLERANCE,
@@ -278,6 +282,9 @@ async def measure(
     return row
 
 
+ROUNDS = ("ours_bare", "ours_program", "tff")  # the {name}_median_ms read against the ceiling
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     def number(row: dict[str, Any], key: str, form: str) -> str:
         return format(row[key], form) if key in row else "-"
@@ -290,6 +297,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "ours train_model ms",
         "speedup bare",
         "speedup train_model",
+        "ceiling ms: x ceiling bare/program/TFF",
         "overhead % (means)",
         "paired median %",
         "CPU overhead %",
@@ -311,6 +319,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 number(row, "ours_program_median_ms", ".1f"),
                 number(row, "speedup_bare", ".1f"),
                 number(row, "speedup_program", ".1f"),
+                roofline.multiples_text(row, ROUNDS),
                 number(row, "program_overhead_pct", "+.1f"),
                 number(row, "paired_overhead_median_pct", "+.1f"),
                 number(row, "program_cpu_overhead_pct", "+.1f"),
@@ -357,10 +366,13 @@ def main() -> None:
                 npz = Path(scratch) / "clients.npz"
                 write_npz(npz, make_clients(count))
                 tff = run_tff(python, npz, rounds)
+        ceiling = roofline.quick_ceiling(count)  # before ours, in this process
         row = anyio.run(measure, count, rounds, arguments, tff)
+        roofline.read_against(row, ceiling, ROUNDS)
         rows.append(row)
         print(
-            f"# {count} clients done: ours {row['ours_bare_median_ms']:.1f} ms/round",
+            f"# {count} clients done: ours {row['ours_bare_median_ms']:.1f} ms/round, "
+            f"{row['ours_bare_vs_ceiling']:.2f}x the ceiling ({row['ceiling_ms']:.2f} ms)",
             file=sys.stderr,
             flush=True,
         )
