@@ -32,12 +32,16 @@ logger = logging.getLogger("programlogic.training")
 class Cadence:
     """Which rounds are checkpointed: every ``every``-th round since the last save, once
     at least ``interval`` has passed on ``clock`` since it (when given); and always the
-    initial state, the last round and a round a stopping policy made the last."""
+    initial state, the last round and a round a stopping policy made the last.
+
+    ``saved_round`` and ``last_save`` are the newest checkpoint's round and time.
+    """
 
     clock: Clock
     total_rounds: int
     every: int = 1
     interval: datetime.timedelta | None = None
+    saved_round: int = -1
     last_save: datetime.datetime | None = None
 
     @property
@@ -45,20 +49,25 @@ class Cadence:
         """Whether every round is checkpointed."""
         return self.every == 1 and self.interval is None
 
-    def due(self, checkpoint: Checkpoint, saved_round: int) -> bool:
-        """Whether ``checkpoint`` is saved, the newest saved round being ``saved_round``."""
+    def due(self, checkpoint: Checkpoint) -> bool:
+        """Whether ``checkpoint`` is saved."""
         round_num = checkpoint.round_num
         if self.every_round or round_num == 0:
             return True
         if checkpoint.stop_reason is not None or round_num >= self.total_rounds:
             return True
-        if round_num - saved_round < self.every:
+        if round_num - self.saved_round < self.every:
             return False
         return (
             self.interval is None
             or self.last_save is None
             or (self.clock.now() - self.last_save >= self.interval)
         )
+
+    def saved(self, round_num: int) -> None:
+        """Round ``round_num`` is the newest checkpoint, as of now."""
+        self.saved_round = round_num
+        self.last_save = self.clock.now()
 
 
 @dataclasses.dataclass
@@ -76,7 +85,6 @@ class Persister:
     evaluation_manager: EvaluationManagerProtocol | None
     cadence: Cadence
     persisted_round: int = -1
-    saved_round: int = -1
     settled_round: int = -1
     handed_round: int = -1
     _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
@@ -86,10 +94,9 @@ class Persister:
         # Only what the process returned can hold value references.
         train_state, metrics = await materialize((checkpoint.train_state, checkpoint.metrics))
         saved = dataclasses.replace(checkpoint, train_state=train_state, metrics=metrics)
-        if self.cadence.due(saved, self.saved_round):
+        if self.cadence.due(saved):
             await self.state_manager.save(saved.to_saved(), saved.round_num)
-            self.saved_round = saved.round_num
-            self.cadence.last_save = self.cadence.clock.now()
+            self.cadence.saved(saved.round_num)
         self.settled_round = saved.round_num
         self._notify()
         await self._release(saved)
@@ -125,8 +132,8 @@ class Persister:
 
     async def release_again(self, checkpoint: Checkpoint) -> None:
         """Make the releases of ``checkpoint``, saved by an earlier run, once more."""
-        self.saved_round = self.settled_round = checkpoint.round_num
-        self.cadence.last_save = self.cadence.clock.now()
+        self.settled_round = checkpoint.round_num
+        self.cadence.saved(checkpoint.round_num)
         await self._release(checkpoint)
         self._persisted(checkpoint.round_num)
 

@@ -129,7 +129,10 @@ async def train_model(
        ``clock``; the initial model and the last round are always evaluated).
 
     Steps 3-5 of a round overlap step 2 of the next round, but at most one save is in
-    flight and a round's releases follow its save.
+    flight and a round's releases follow its save. The initial state is saved as
+    version 0 before round 1 starts. After the last round ``n``, the final model weights
+    are released to ``model_output_manager`` with key ``final_model_key(n)``, and
+    ``train_model`` waits for the evaluations to finish.
 
     Checkpoint cadence: with ``checkpoint_every=N`` a round is saved (step 3) only
     ``N`` rounds after the last saved one, and with ``checkpoint_interval`` only once
@@ -142,10 +145,7 @@ async def train_model(
     uninterrupted run. That needs a context that replays rounds exactly
     (``FederatedContext.replays_rounds``; not a ``RayContext`` with a
     ``round_deadline``) and an ``int`` ``evaluation_periodicity``: otherwise a cadence
-    is refused with a ``ValueError``. The initial state is saved as
-    version 0 before round 1 starts. After the last round ``n``, the final model weights
-    are released to ``model_output_manager`` with key ``final_model_key(n)``, and
-    ``train_model`` waits for the evaluations to finish.
+    is refused with a ``ValueError``.
 
     Early stopping: a ``stopping`` policy (:class:`~programlogic.stopping.StoppingPolicy`)
     is asked ``before_round(r + 1)`` once round ``r`` is trained, and
