@@ -19,7 +19,7 @@ import anyio.to_thread
 import sqlalchemy
 
 from programlogic._optional import require
-from programlogic.tuning._locks import TrialLocks, open_locks
+from programlogic.tuning._locks import TrialLocks, check_storage_url, open_locks
 
 optuna = require("optuna", "optuna", "programlogic.tuning", extra="tuning")
 
@@ -143,15 +143,20 @@ class StudyStore:
 
     def open(self) -> None:
         """Connect, take the locks' connection, create the study or check the one there."""
+        sqlite = check_storage_url(self._url) == "sqlite"
         if self._url.startswith("sqlite:///"):
             Path(self._url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self._locks = open_locks(self._url, self._study_name, self._root)
         settings = {"seed": self._seed, "metric": self._metric}
         with self._locks.lock_study():  # the first tuner creates the tables, alone
             self._storage = optuna.storages.RDBStorage(
-                self._url, engine_kwargs=_engine_options(self._url)
+                self._url,
+                # Several tuners may share one SQLite file: wait for its lock, not fail.
+                engine_kwargs={"connect_args": {"timeout": 60}}
+                if sqlite
+                else {"pool_pre_ping": True},
             )
-            if self._url.startswith("sqlite"):
+            if sqlite:
                 sqlalchemy.event.listen(self._storage.engine, "connect", _sqlite_write_ahead)
                 self._storage.engine.dispose()  # the connections made so far lack it
             self._study = optuna.create_study(
@@ -306,13 +311,6 @@ def _sqlite_write_ahead(connection: Any, record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
-
-
-def _engine_options(url: str) -> dict[str, Any]:
-    if url.startswith("sqlite"):
-        # Several tuners may share one SQLite file: wait for its lock instead of failing.
-        return {"connect_args": {"timeout": 60}}
-    return {"pool_pre_ping": True}
 
 
 def _check_same_study(

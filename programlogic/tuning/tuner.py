@@ -197,9 +197,7 @@ async def tune(
     finally:
         with anyio.CancelScope(shield=True):
             await store.call(store.close)
-    complete = [trial for trial in trials if trial.state == "complete"]
-    best = _best(complete, direction)
-    return TuningResult(trials=trials, best=best, study=store.study)
+    return TuningResult(trials=trials, best=_best(trials, direction), study=store.study)
 
 
 class _Tuner:
@@ -252,7 +250,7 @@ class _Tuner:
 
     async def _run(self, claim: Claim) -> None:
         store = self._store
-        directory = self._root / "trials" / str(claim.number)
+        directory = trial_directory(self._root, claim.number)
         logger.info("%s trial %d", "resuming" if claim.resumed else "starting", claim.number)
         try:
             params = await store.call(store.suggest, claim, self._search_space)
@@ -289,7 +287,7 @@ class _Tuner:
             state: sum(trial.state == state for trial in trials) for state in _STATES.values()
         }
         direction = self._store.study.direction.name.lower()
-        best = _best([trial for trial in trials if trial.state == "complete"], direction)
+        best = _best(trials, direction)
         self._on_progress(
             StudyProgress(
                 running=counts["running"],
@@ -309,13 +307,20 @@ def _summary(trial: Any, root: Path) -> TrialSummary:
         params=dict(trial.params),
         value=trial.value,
         intermediate_values=dict(trial.intermediate_values),
-        directory=root / "trials" / str(trial.number),
+        directory=trial_directory(root, trial.number),
         final_round=trial.user_attrs.get(FINAL_ROUND),
         error=trial.user_attrs.get(ERROR),
     )
 
 
-def _best(complete: list[TrialSummary], direction: str) -> TrialSummary | None:
+def trial_directory(root: Path, number: int) -> Path:
+    """Where trial ``number`` of a study under ``root`` keeps its files."""
+    return root / "trials" / str(number)
+
+
+def _best(trials: list[TrialSummary], direction: str) -> TrialSummary | None:
+    """The best complete trial (the lowest number among equals), or None."""
+    complete = [trial for trial in trials if trial.state == "complete"]
     if not complete:
         return None
     if direction == "maximize":
