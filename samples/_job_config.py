@@ -85,8 +85,9 @@ def _jsonable(value: Any) -> Any:
     return str(value) if isinstance(value, Path) else value
 
 
-def check_config(root: Path, config: dict[str, Any]) -> None:
-    """Refuse to go on if ``root`` holds a run configured otherwise, or a damaged file.
+def check_config(root: Path, config: dict[str, Any], *, what: str = "a run configured") -> None:
+    """Refuse to go on if ``root`` holds ``what`` otherwise (for the flags in ``config``),
+    or a damaged file.
 
     Reads only: the configuration is written by :func:`record_config` once the flags
     proved usable.
@@ -104,12 +105,12 @@ def check_config(root: Path, config: dict[str, Any]) -> None:
 
     differing = [
         f"--{name.replace('_', '-')} {recorded(name)!r} -> {config[name]!r}"
-        for name in RUN_DEFINING
+        for name in config
         if recorded(name) != config[name]
     ]
     if differing:
         raise OtherRunError(
-            f"{root} holds a run configured otherwise ({'; '.join(differing)}): "
+            f"{root} holds {what} otherwise ({'; '.join(differing)}): "
             "repeat its flags to resume, or pick another --root"
         )
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -53,7 +52,12 @@ import programlogic
 from managers import ModelFileReleaseManager
 from programlogic import LocalContext
 from samples._job_algorithms import build_process
-from samples._job_config import write_config
+from samples._job_config import (
+    DamagedConfigError,
+    OtherRunError,
+    check_config,
+    record_config,
+)
 from samples._job_startup import import_tensorflow
 from samples.main_job import HELD_OUT_ACCURACY, _whole
 
@@ -237,23 +241,12 @@ def save_plots(study: Any, root: Path) -> list[str]:
 
 def check_study_flags(arguments: argparse.Namespace) -> None:
     """Record the study-defining flags in ``<root>/config.json``, or exit if they differ."""
-    path = arguments.root / "config.json"
     flags = {name: getattr(arguments, name) for name in STUDY_DEFINING}
-    if not path.exists():
-        arguments.root.mkdir(parents=True, exist_ok=True)
-        write_config(path, flags)
-        return
-    recorded = json.loads(path.read_text())
-    differing = [
-        f"--{name.replace('_', '-')} {recorded.get(name)!r} -> {flags[name]!r}"
-        for name in STUDY_DEFINING
-        if recorded.get(name) != flags[name]
-    ]
-    if differing:
-        sys.exit(
-            f"tune: {arguments.root} holds a study run otherwise ({'; '.join(differing)}): "
-            "repeat its flags to resume, or pick another --root"
-        )
+    try:
+        check_config(arguments.root, flags, what="a study run")
+    except (DamagedConfigError, OtherRunError) as error:
+        sys.exit(f"tune: {error}")
+    record_config(arguments.root, flags)
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
