@@ -73,17 +73,20 @@ class Storage:
         connection = self._server()
         if connection is None:
             return
-        with connection:
-            for _ in range(2000):
-                row = connection.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                    " AND classid = %s::int4::oid AND objid = (-1)::int4::oid AND objsubid = 2",
-                    (study_key(self.name),),
-                ).fetchone()
-                if row is not None and row[0] > 0:
-                    return
-                await anyio.sleep(0.005)
-        pytest.fail("no tuner came to wait for the study lock")
+        try:
+            with connection, anyio.fail_after(120):  # a hang guard, not a deadline
+                while True:
+                    row = connection.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT "
+                        "granted AND classid = %s::int4::oid AND objid = (-1)::int4::oid "
+                        "AND objsubid = 2",
+                        (study_key(self.name),),
+                    ).fetchone()
+                    if row is not None and row[0] > 0:
+                        return
+                    await anyio.sleep(0.005)
+        except TimeoutError:
+            pytest.fail("no tuner came to wait for the study lock")
 
     def until_trial_released(self, number: int) -> None:
         """Return once no session holds trial ``number``'s lock.
