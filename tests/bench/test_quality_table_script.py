@@ -7,33 +7,21 @@ each imports TensorFlow, which takes seconds.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.bench.bench_scripts import run_bench
+
 pytestmark = pytest.mark.anyio
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "quality_table.py"
 TINY = ("--rounds", "2", "--datasets", "digits", "--algorithms", "fedavg", "--grid", "center")
 KEY = "table/digits/fedavg/0.1/1.0/2/10/0"
 
 
 def run_script(out: Path) -> str:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr
-    return completed.stdout
+    return run_bench("quality_table.py", *TINY, "--out", str(out))
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.bench.bench_scripts import BENCH, run_bench
+
 pytestmark = pytest.mark.anyio
 
-REPO = Path(__file__).resolve().parents[2]
-BENCH = REPO / "bench"
 FORMULATIONS = ("numpy", "xla_matmul", "xla_bmr", "xla_unrolled", "keras_vmap", "keras_map")
 TINY = ("--clients", "3", "--features", "16", "--examples", "10", "--epochs", "2")
 TINY_REST = ("--repeats", "1", "--matmul-size", "64", "--formulations", *FORMULATIONS)
@@ -35,16 +31,7 @@ def roofline_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def script_output() -> str:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    completed = subprocess.run(
-        [sys.executable, str(BENCH / "roofline.py"), *TINY, *TINY_REST],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr
-    return completed.stdout
+    return run_bench("roofline.py", *TINY, *TINY_REST)
 
 
 async def test_the_tutorial_round_counts_its_two_products_and_the_update(

@@ -9,17 +9,14 @@ and that every run trained the same trials to the same accuracies.
 import importlib
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.bench.bench_scripts import BENCH, run_bench
+
 pytestmark = pytest.mark.anyio
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "tuning.py"
 TINY = (
     *("--trials", "2", "--rounds", "1", "--repeats", "1"),
     *("--concurrency", "1,2", "--hand-concurrency", "1"),
@@ -29,18 +26,10 @@ TABLE_HEADER = "| run | concurrency | wall s | speed-up | cores used | peak RSS 
 
 @pytest.fixture(scope="module")
 def tiny_run() -> tuple[str, dict[str, Any]]:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    completed = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    json_lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
-    assert len(json_lines) == 1, completed.stdout
-    return completed.stdout, json.loads(json_lines[0])
+    stdout = run_bench("tuning.py", *TINY)
+    json_lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert len(json_lines) == 1, stdout
+    return stdout, json.loads(json_lines[0])
 
 
 async def test_tiny_run_prints_the_table_and_the_figures(
@@ -78,7 +67,7 @@ async def test_every_run_trains_the_same_trials_to_the_same_accuracies(
 
 
 async def test_short_is_ci_s_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as when the script runs from bench/
+    monkeypatch.syspath_prepend(str(BENCH))  # as when the script runs from bench/
     bench = importlib.import_module("tuning")
     arguments = bench.parse(["--short"])
     assert (arguments.trials, arguments.rounds, arguments.repeats) == (4, 2, 1)
