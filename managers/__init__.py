@@ -38,6 +38,7 @@ from managers.state import (
     StateDirectoryLockedError,
 )
 from managers.values import ValueReference, materialize
+from managers.writes import WriteBatch, WriteQueue
 
 __all__ = [
     "AllVersionsDamagedError",
@@ -66,6 +67,8 @@ __all__ = [
     "VersionError",
     "VersionExistsError",
     "VersionNotFoundError",
+    "WriteBatch",
+    "WriteQueue",
     "check_key",
     "materialize",
 ]

@@ -16,6 +16,7 @@ from managers.clock import Clock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.values import materialize
+from managers.writes import WriteBatch
 from programlogic.checkpoint import Checkpoint
 from programlogic.process import LearningProcess, as_async
 
@@ -54,7 +55,7 @@ class Cadence:
         round_num = checkpoint.round_num
         if self.every_round or round_num == 0:
             return True
-        if checkpoint.stop_reason is not None or round_num >= self.total_rounds:
+        if self.is_last(checkpoint):
             return True
         if round_num - self.saved_round < self.every:
             return False
@@ -63,6 +64,10 @@ class Cadence:
             or self.last_save is None
             or (self.clock.now() - self.last_save >= self.interval)
         )
+
+    def is_last(self, checkpoint: Checkpoint) -> bool:
+        """Whether ``checkpoint``'s round is the last: the total's, or a stopped one."""
+        return checkpoint.stop_reason is not None or checkpoint.round_num >= self.total_rounds
 
     def saved(self, round_num: int) -> None:
         """Round ``round_num`` is the newest checkpoint, as of now."""
@@ -88,24 +93,55 @@ class Persister:
     settled_round: int = -1
     handed_round: int = -1
     _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    _writes: WriteBatch = dataclasses.field(default_factory=WriteBatch)
+    _gathered_rounds: int = 0
 
     async def persist(self, checkpoint: Checkpoint) -> None:
-        """Save ``checkpoint`` when the cadence asks for it, then make its releases."""
+        """Save ``checkpoint`` when the cadence asks for it, then make its releases.
+
+        File managers' writes go through one :class:`~managers.writes.WriteBatch`: a
+        save is flushed at once (a worker-thread call that first makes the writes of the
+        releases gathered before it), and the releases a file manager gathers wait for
+        the next save's flush, or until more than ``cadence.every`` rounds' have
+        gathered; the last round's are flushed at once. A crash replays the rounds after
+        the newest save and makes their releases again; a manager that does not gather
+        writes releases at once, after the round's save is on disk.
+        """
         # Only what the process returned can hold value references.
         train_state, metrics = await materialize((checkpoint.train_state, checkpoint.metrics))
         saved = dataclasses.replace(checkpoint, train_state=train_state, metrics=metrics)
-        if self.cadence.due(saved):
-            await self.state_manager.save(saved.to_saved(), saved.round_num)
-            self.cadence.saved(saved.round_num)
-        self.settled_round = saved.round_num
-        self._notify()
-        await self._release(saved)
+        try:
+            if self.cadence.due(saved):
+                with self._writes.gathering():
+                    await self.state_manager.save(saved.to_saved(), saved.round_num)
+                await self._flush()
+                self.cadence.saved(saved.round_num)
+            self.settled_round = saved.round_num
+            self._notify()
+            if saved.round_num > 0 and self.metrics_manager is not None:
+                with self._writes.gathering():
+                    await self.metrics_manager.release(saved.metrics, saved.round_num)
+                self._gathered_rounds += 1
+            if self._gathered_rounds > self.cadence.every or self.cadence.is_last(saved):
+                await self._flush()
+        except BaseException:
+            self._writes.drop()
+            raise
+        if saved.evaluation_due:
+            await self.start_evaluation(saved)
         self._persisted(saved.round_num)
 
     async def persist_each(self, checkpoints: MemoryObjectReceiveStream[Checkpoint]) -> None:
-        """Persist the checkpoints in the order they arrive, until the sending end closes."""
-        async for checkpoint in checkpoints:
-            await self.persist(checkpoint)
+        """Persist the checkpoints in the order they arrive, until the sending end closes.
+
+        Writes gathered for rounds after the newest checkpoint are dropped when this
+        ends early (a failure, a cancellation): the rerun makes them again.
+        """
+        try:
+            async for checkpoint in checkpoints:
+                await self.persist(checkpoint)
+        finally:
+            self._writes.drop()
 
     async def hand_over(
         self, to_persister: MemoryObjectSendStream[Checkpoint], checkpoint: Checkpoint
@@ -158,6 +194,10 @@ class Persister:
             await self.metrics_manager.release(checkpoint.metrics, checkpoint.round_num)
         if checkpoint.evaluation_due:
             await self.start_evaluation(checkpoint)
+
+    async def _flush(self) -> None:
+        self._gathered_rounds = 0
+        await self._writes.flush()
 
     def _persisted(self, round_num: int) -> None:
         self.persisted_round = round_num

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import io
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import anyio
-import anyio.to_thread
 
 from managers._files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, check_key
 from managers.values import materialize
+from managers.writes import WriteQueue
 
 __all__ = ["KeyedFile", "RecordFormat"]
 
-_T = TypeVar("_T")
 Layout = TypeVar("Layout")
 Record = TypeVar("Record")
 
@@ -83,7 +81,11 @@ class KeyedFile(Generic[Layout, Record]):
     record the layout holds is appended in one unfsynced write; anything else rewrites
     the file atomically. Releases may overlap: their writes are made one at a time, and
     the last call of a key wins among those that succeed. A failed release leaves the
-    other records as they were. ``aclose`` closes the file; a later release reads it again.
+    other records as they were. Writes go through a :class:`~managers.writes.WriteQueue`,
+    so a :class:`~managers.writes.WriteBatch` can gather them; a gathered write that is
+    never made (a failure before it, a dropped batch) leaves its record in memory, and
+    the next release rewrites the file from memory. ``aclose`` closes the file; a later
+    release reads it again.
     """
 
     def __init__(self, path: Path, record_format: RecordFormat[Layout, Record]) -> None:
@@ -91,6 +93,7 @@ class KeyedFile(Generic[Layout, Record]):
         self._format = record_format
         self._lock: anyio.Lock | None = None
         self._calls = 0
+        self._writes = WriteQueue(on_dropped=self._mark_torn)
         self._forget()
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
@@ -114,13 +117,17 @@ class KeyedFile(Generic[Layout, Record]):
                     return
             wider = self._format.widen(layout, record)
             if row is None and wider is layout and not self._must_rewrite:
-                await self._write(append, self._file, self._format.line(layout, key, record))
+                await self._writes.submit(self._append, self._format.line(layout, key, record))
             else:
-                self._file = await self._write(
-                    replace_and_reopen, self._path, self._file, self._render, wider, key, record
-                )
+                records = [
+                    (row_key, record if row_key == key else row.record)
+                    for row_key, row in self._rows.items()
+                ]
+                if key not in self._rows:
+                    records.append((key, record))
+                self._must_rewrite = False  # unless the rewrite fails
+                await self._writes.submit(self._rewrite, wider, records)
                 self._layout = wider
-                self._must_rewrite = False
             self._rows[key] = _Row(record, call)
 
     async def aclose(self) -> None:
@@ -129,10 +136,8 @@ class KeyedFile(Generic[Layout, Record]):
             return
         with anyio.CancelScope(shield=True):  # leaving `async with` on cancellation closes too
             async with self._lock:
-                file = self._file
+                await self._writes.run(self._close_file)
                 self._forget()
-                if file is not None:
-                    await anyio.to_thread.run_sync(file.close)
 
     def _forget(self) -> None:
         """Drop what was read from the file, so that the next release reads it again."""
@@ -143,30 +148,36 @@ class KeyedFile(Generic[Layout, Record]):
         self._must_rewrite = False
 
     async def _load(self) -> None:
-        layout, records, self._must_rewrite = await anyio.to_thread.run_sync(
-            self._format.read, self._path
-        )
+        layout, records, self._must_rewrite = await self._writes.run(self._format.read, self._path)
         self._rows = {key: _Row(record, 0) for key, record in records.items()}
         if not self._must_rewrite:
-            self._file = await anyio.to_thread.run_sync(open_for_append, self._path)
+            self._file = await self._writes.run(open_for_append, self._path)
         self._layout = layout
         self._loaded = True
 
-    async def _write(self, function: Callable[..., _T], *args: Any) -> _T:
+    # The writes below run in worker threads, one at a time, in the order submitted.
+
+    def _append(self, line: bytes) -> None:
         try:
-            return await anyio.to_thread.run_sync(function, *args)
+            append(self._file, line)
         except BaseException:
-            # The file may hold part of this write; the records in memory are what it
-            # should hold, so the next release rewrites it from them.
-            self._must_rewrite = True
+            self._mark_torn()
             raise
 
-    def _render(self, layout: Layout, key: ReleaseKey, record: Record) -> bytes:
-        """The whole file, with ``key``'s record being ``record``; run in a worker thread."""
-        records = [
-            (row_key, record if row_key == key else row.record)
-            for row_key, row in self._rows.items()
-        ]
-        if key not in self._rows:
-            records.append((key, record))
-        return self._format.render(layout, records)
+    def _rewrite(self, layout: Layout, records: list[tuple[ReleaseKey, Record]]) -> None:
+        try:
+            self._file = replace_and_reopen(
+                self._path, self._file, self._format.render, layout, records
+            )
+        except BaseException:
+            self._mark_torn()
+            raise
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def _mark_torn(self) -> None:
+        """The file may lack a record in memory, or hold part of one: the next release
+        rewrites it from memory."""
+        self._must_rewrite = True

@@ -76,7 +76,11 @@ class CSVFileReleaseManager(ReleaseManager):
     parent directories are created.
 
     Releases may overlap; their writes are made one at a time, in worker threads (the event
-    loop is never blocked on the disk). When releases of one key overlap, the last call
+    loop is never blocked on the disk). Inside a :class:`~managers.writes.WriteBatch`'s
+    ``gathering`` a release checks its value and returns once its write is queued; the
+    batch's ``flush`` writes it. A gathered write that is never made (one before it failed,
+    its batch was dropped) leaves its row in memory, and the next release rewrites the
+    file with it. When releases of one key overlap, the last call
     wins among those that succeed. A release that fails leaves the other rows as they were.
     ``aclose`` closes the file; a later release reads it again.
     """

@@ -11,6 +11,7 @@ from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.validation import check_type, describe
 from managers.values import materialize
+from managers.writes import is_gathering
 
 __all__ = ["GroupingReleaseManager"]
 
@@ -19,10 +20,13 @@ class GroupingReleaseManager(ReleaseManager):
     """Releases each value to every one of ``managers``, concurrently.
 
     The value is materialized once and each manager receives the same plain value (so
-    managers must not mutate it). The releases run in tasks of one anyio task group; a
-    manager that fails does not cancel the others, so when ``release`` raises, the healthy
-    managers hold the value. Then every failure is raised: a single one as itself, several
-    as an ``ExceptionGroup`` in the order of ``managers``.
+    managers must not mutate it). The releases run concurrently in one anyio task group;
+    a manager that fails does not cancel the others, so when ``release`` raises, the
+    healthy managers hold the value. Inside a :class:`~managers.writes.WriteBatch`'s
+    ``gathering`` (where file managers only queue their writes) they run one after
+    another instead, in the order of ``managers``, each to its end. Then every failure is
+    raised: a single one as itself, several as an ``ExceptionGroup`` in the order of
+    ``managers``.
 
     Idempotent by key as far as its managers are. When releases of one key overlap, the
     last call wins: a call whose value is ready only after a later call of the same key
@@ -79,9 +83,17 @@ async def _run_all(operations: list[Callable[[], Awaitable[None]]], action: str)
         except Exception as error:  # kept, so that the siblings are not cancelled
             failures[index] = error
 
-    async with anyio.create_task_group() as group:
+    if is_gathering():
+        # File managers only queue their writes here: no release waits on the disk, and
+        # running them one after another spares a task each.
         for index in range(len(operations)):
-            group.start_soon(run, index)
+            await run(index)
+    else:
+        async with anyio.create_task_group() as group:
+            for index in range(1, len(operations)):
+                group.start_soon(run, index)
+            if operations:
+                await run(0)
     errors = [error for error in failures if error is not None]
     if len(errors) == 1:
         raise errors[0]

@@ -61,7 +61,9 @@ class JSONLinesReleaseManager(ReleaseManager):
     Releases may overlap; their writes are made one at a time, in worker threads (the event
     loop is never blocked on the disk). When releases of one key overlap, the last call
     wins among those that succeed. A release that fails leaves the other lines as they
-    were. ``aclose`` closes the file; a later release reads it again.
+    were. Inside a :class:`~managers.writes.WriteBatch`'s ``gathering`` a release returns
+    once its write is queued, as :class:`~managers.CSVFileReleaseManager`'s does.
+    ``aclose`` closes the file; a later release reads it again.
     """
 
     def __init__(self, file_path: str | os.PathLike[str]) -> None:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import crc32c
 import numpy as np
 
@@ -22,6 +21,7 @@ from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
 from managers.validation import check_path
 from managers.values import materialize
+from managers.writes import WriteQueue
 
 __all__ = ["TensorBoardReleaseManager"]
 
@@ -91,8 +91,12 @@ class TensorBoardReleaseManager(ReleaseManager):
     Releases are written one at a time, in the order ``release`` was called (value
     references are materialized in that order too). All writing, including opening and
     closing the file and computing histograms, runs in a worker thread. A cancelled
-    release either wrote all its points or none of them. ``aclose`` (or ``async with``)
-    closes the file; a release after it raises ``RuntimeError``.
+    release either wrote all its points or none of them. Inside a
+    :class:`~managers.writes.WriteBatch`'s ``gathering`` a release is only queued: the
+    batch's ``flush`` writes it, and raises its errors (those above included); a gathered
+    release that is never written (a write before it failed, its batch was dropped) is
+    lost to the file. ``aclose`` (or ``async with``) closes the file; a release after it
+    raises ``RuntimeError``.
 
     Needs the ``tensorboard`` extra (tensorboardX): ``pip install 'programlogic[tensorboard]'``.
     """
@@ -106,6 +110,7 @@ class TensorBoardReleaseManager(ReleaseManager):
         self._dir = check_path("summary_dir", summary_dir)
         self._lock: anyio.Lock | None = None
         self._file = _EventFile(self._dir)
+        self._writes = WriteQueue()
         self._closed = False
 
     @property
@@ -127,7 +132,7 @@ class TensorBoardReleaseManager(ReleaseManager):
         async with self._lock:  # call order is write order; the first call sets the purge
             self._check_open()
             plain = await materialize(value)
-            await anyio.to_thread.run_sync(self._file.write, step, plain)
+            await self._writes.submit(self._file.write, step, plain)
 
     async def aclose(self) -> None:
         """Close the event file; later releases raise ``RuntimeError``."""
@@ -138,7 +143,7 @@ class TensorBoardReleaseManager(ReleaseManager):
                 if self._closed:
                     return
                 self._closed = True
-                await anyio.to_thread.run_sync(self._file.close)
+                await self._writes.run(self._file.close)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -27,17 +27,13 @@ waited on. A symbolic link to a regular file is followed.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import secrets
-import threading
 import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-
-import anyio.to_thread
 
 from managers._files import fsync_directory
 from managers.exceptions import ManagerError, VersionNotFoundError
@@ -52,6 +48,7 @@ from managers.state._file_format import (
 from managers.state._file_lock import is_writable, lock_directory, read_only_error
 from managers.state.base import ProgramStateManager, check_version
 from managers.validation import check_bool, check_choice, check_int, check_path, check_str
+from managers.writes import WriteQueue
 
 __all__ = ["FileProgramStateManager", "StateDirectoryLockedError"]
 
@@ -110,7 +107,9 @@ class FileProgramStateManager(ProgramStateManager):
     and retention for a save); calls on one instance are serialized. A cancelled call
     whose thread has started waits for it to finish before the cancellation is raised:
     a cancelled save has then either saved its version completely or, when it was
-    cancelled before its thread started, not at all. Do not mutate the state while its
+    cancelled before its thread started, not at all. Inside a
+    :class:`~managers.writes.WriteBatch`'s ``gathering`` a save is only queued, and made
+    (or its failure raised) by the batch's ``flush``. Do not mutate the state while its
     save is in flight: its arrays are written from the thread, without a copy.
 
     Example::
@@ -152,7 +151,7 @@ class FileProgramStateManager(ProgramStateManager):
         self._keep_total = keep_total
         self._keep_first = keep_first
         self._keep_every = keep_every
-        self._thread_lock = threading.Lock()
+        self._calls = WriteQueue()
         self._opened = False
         self._read_only = False
         self._release_lock: weakref.finalize | None = None
@@ -165,7 +164,7 @@ class FileProgramStateManager(ProgramStateManager):
         return self._root
 
     async def save(self, state: Any, version: int) -> None:
-        await self._run(self._save, state, version)
+        await self._calls.submit(self._in_directory, self._save, state, version)
 
     async def load(self, version: int, structure: Any = None) -> Any:
         return await self._run(self._load, version, structure)
@@ -194,13 +193,12 @@ class FileProgramStateManager(ProgramStateManager):
     # Everything below runs in a worker thread, one call at a time.
 
     async def _run(self, function: Callable[..., _T], *args: Any) -> _T:
-        return await anyio.to_thread.run_sync(functools.partial(self._locked, function, *args))
+        return await self._calls.run(self._in_directory, function, *args)
 
-    def _locked(self, function: Callable[..., _T], *args: Any) -> _T:
-        with self._thread_lock:
-            if not self._opened:
-                self._open()
-            return function(*args)
+    def _in_directory(self, function: Callable[..., _T], *args: Any) -> _T:
+        if not self._opened:
+            self._open()
+        return function(*args)
 
     def _open(self) -> None:
         self._root.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,11 @@ def killable(kill: Kill, rounds: int):
         async def save(self, state: Any, version: int) -> None:
             kill.at("saving", version)
             await super().save(state, version)
+
+        def _save(self, state: Any, version: int) -> None:
+            # The write itself, in the worker thread that makes the round's writes; the
+            # metrics' write comes after it in the same call.
+            super()._save(state, version)
             kill.at("saved", version)
 
     class Metrics(CSVFileReleaseManager):

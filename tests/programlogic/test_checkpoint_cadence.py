@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import datetime
 import itertools
+from pathlib import Path
 from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 
-from managers import MemoryProgramStateManager, MemoryReleaseManager
+from managers import (
+    CSVFileReleaseManager,
+    FileProgramStateManager,
+    GroupingReleaseManager,
+    MemoryProgramStateManager,
+    MemoryReleaseManager,
+    TensorBoardReleaseManager,
+)
 from programlogic import (
     EvaluationManager,
     LearningProcessOutput,
@@ -116,6 +124,44 @@ async def test_rounds_lost_to_a_crash_are_trained_and_released_again_the_same() 
     assert run.metrics.values() == uninterrupted.metrics.values()
     key = final_model_key(ROUNDS)
     np.testing.assert_array_equal(run.models.values()[key], uninterrupted.models.values()[key])
+
+
+async def train_to_files(root: Path, process: Any, every: int) -> Any:
+    """A run with file state, CSV and TensorBoard metrics under ``root``."""
+    metrics = GroupingReleaseManager(
+        [CSVFileReleaseManager(root / "metrics.csv"), TensorBoardReleaseManager(root / "tb")]
+    )
+    async with LocalContext(), FileProgramStateManager(root / "state") as state, metrics:
+        return await train_model(
+            train_process=process,
+            train_data_source=FakeDataSource(10),
+            train_per_round_clients=3,
+            train_total_rounds=ROUNDS,
+            program_state_manager=state,
+            model_output_manager=MemoryReleaseManager(),
+            train_metrics_manager=metrics,
+            checkpoint_every=every,
+        )
+
+
+async def test_file_metrics_of_rounds_lost_to_a_crash_are_written_again_the_same(
+    tmp_path: Path,
+) -> None:
+    """The file writes of the rounds after a checkpoint wait for the next one; a crash
+    drops them and the rerun writes them: the files of an uninterrupted run."""
+    await train_to_files(tmp_path / "reference", FakeLearningProcess(), every=4)
+    root = tmp_path / "crashed"
+    process = CrashesOnce(7)
+    with pytest.raises(SimulatedCrash):
+        await train_to_files(root, process, every=4)
+    # Round 4's row waited for round 8's save; rounds 5 and 6 were not saved.
+    rows = (root / "metrics.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[0] for row in rows] == ["1", "2", "3"]
+    result = await train_to_files(root, process, every=4)
+    assert result.resumed_from == 4
+    expected = (tmp_path / "reference" / "metrics.csv").read_text()
+    assert (root / "metrics.csv").read_text() == expected
+    assert len(expected.splitlines()) == ROUNDS + 1
 
 
 async def test_an_evaluation_in_flight_between_checkpoints_resumes_consistently() -> None:

@@ -1,0 +1,204 @@
+"""managers.writes: a manager's writes in order, a batch's writes in one thread call."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from managers import (
+    CSVFileReleaseManager,
+    FileProgramStateManager,
+    GroupingReleaseManager,
+    MemoryReleaseManager,
+    ReleaseManager,
+    TensorBoardReleaseManager,
+)
+from managers.writes import WriteBatch, WriteQueue, is_gathering
+
+pytestmark = pytest.mark.anyio
+
+
+class Disk:
+    """A log of made writes: what each wrote and in which thread."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.threads: set[int] = set()
+
+    def write(self, name: str) -> str:
+        self.made.append(name)
+        self.threads.add(threading.get_ident())
+        return name
+
+    def fail(self, error: Exception) -> None:
+        raise error
+
+
+async def test_a_write_outside_a_batch_is_made_in_a_worker_thread_before_submit_returns() -> None:
+    disk = Disk()
+    queue = WriteQueue()
+    await queue.submit(disk.write, "a")
+    assert disk.made == ["a"]
+    assert threading.get_ident() not in disk.threads
+    assert await queue.run(disk.write, "b") == "b"
+    error = OSError("disk full")
+    with pytest.raises(OSError) as raised:
+        await queue.submit(disk.fail, error)
+    assert raised.value is error
+
+
+async def test_gathered_writes_wait_for_the_flush_which_makes_them_in_order_in_one_thread() -> None:
+    disk = Disk()
+    first, second = WriteQueue(), WriteQueue()
+    batch = WriteBatch()
+    with batch.gathering():
+        assert is_gathering()
+        await first.submit(disk.write, "save 5")
+        await second.submit(disk.write, "row 5")
+        await first.submit(disk.write, "save 6")
+    assert not is_gathering()
+    assert disk.made == [] and batch.pending == 3
+    await batch.flush()
+    assert disk.made == ["save 5", "row 5", "save 6"]
+    assert len(disk.threads) == 1 and batch.pending == 0
+
+
+async def test_a_failed_write_in_a_flush_is_raised_and_the_writes_after_it_are_dropped() -> None:
+    disk = Disk()
+    dropped: list[str] = []
+    first = WriteQueue(on_dropped=lambda: dropped.append("first"))
+    second = WriteQueue(on_dropped=lambda: dropped.append("second"))
+    error = OSError("disk full")
+    batch = WriteBatch()
+    with batch.gathering():
+        await first.submit(disk.write, "row 1")
+        await second.submit(disk.fail, error)
+        await first.submit(disk.write, "row 2")
+        await second.submit(disk.write, "event 2")
+    with pytest.raises(OSError) as raised:
+        await batch.flush()
+    assert raised.value is error
+    assert disk.made == ["row 1"]
+    assert sorted(dropped) == ["first", "second"]
+    await first.submit(disk.write, "row 3")  # the queue goes on with new writes
+    assert disk.made == ["row 1", "row 3"]
+
+
+async def test_a_write_outside_the_batch_first_makes_the_ones_its_queue_gathered() -> None:
+    disk = Disk()
+    queue = WriteQueue()
+    batch = WriteBatch()
+    with batch.gathering():
+        await queue.submit(disk.write, "gathered")
+    await queue.submit(disk.write, "direct")
+    assert disk.made == ["gathered", "direct"]
+    await batch.flush()  # made once, not again
+    assert disk.made == ["gathered", "direct"]
+
+
+async def test_a_dropped_batch_is_never_made_and_its_queues_are_told() -> None:
+    disk = Disk()
+    dropped: list[bool] = []
+    queue = WriteQueue(on_dropped=lambda: dropped.append(True))
+    batch = WriteBatch()
+    with batch.gathering():
+        await queue.submit(disk.write, "row 7")
+    batch.drop()
+    await queue.submit(disk.write, "row 8")
+    await batch.flush()
+    assert disk.made == ["row 8"] and dropped == [True]
+
+
+async def test_a_write_cancelled_before_its_thread_started_is_never_made() -> None:
+    disk = Disk()
+    queue = WriteQueue()
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await queue.submit(disk.write, "cancelled")
+    await queue.submit(disk.write, "next")
+    assert disk.made == ["next"]
+
+
+async def test_tasks_started_inside_gathering_gather_into_the_batch() -> None:
+    disk = Disk()
+    queue = WriteQueue()
+    batch = WriteBatch()
+    with batch.gathering():
+        async with anyio.create_task_group() as group:
+            group.start_soon(queue.submit, disk.write, "from a child task")
+    assert disk.made == [] and batch.pending == 1
+    await batch.flush()
+    assert disk.made == ["from a child task"]
+
+
+async def test_file_managers_write_a_round_in_one_flush(tmp_path: Path) -> None:
+    """A checkpoint and its metrics to CSV and TensorBoard: nothing on disk until the
+    flush, everything after it."""
+    state = FileProgramStateManager(tmp_path / "state")
+    metrics = GroupingReleaseManager(
+        [CSVFileReleaseManager(tmp_path / "m.csv"), TensorBoardReleaseManager(tmp_path / "tb")]
+    )
+    async with state, metrics:
+        batch = WriteBatch()
+        with batch.gathering():
+            await state.save({"w": np.arange(3.0)}, 1)
+            await metrics.release({"loss": 0.5}, 1)
+        assert not (tmp_path / "state" / "program_state_1.plstate").exists()
+        assert not (tmp_path / "m.csv").exists()
+        await batch.flush()
+        assert await state.get_versions() == [1]
+        assert (tmp_path / "m.csv").read_text() == "key,loss\n1,0.5\n"
+        assert len(list((tmp_path / "tb").iterdir())) == 1
+
+
+async def test_a_csv_row_dropped_with_its_batch_is_written_by_the_next_release(
+    tmp_path: Path,
+) -> None:
+    csv = CSVFileReleaseManager(tmp_path / "m.csv")
+    async with csv:
+        await csv.release({"loss": 1.0}, 1)
+        batch = WriteBatch()
+        with batch.gathering():
+            await csv.release({"loss": 0.5}, 2)
+        batch.drop()
+        assert (tmp_path / "m.csv").read_text() == "key,loss\n1,1.0\n"
+        await csv.release({"loss": 0.25}, 3)
+    assert (tmp_path / "m.csv").read_text() == "key,loss\n1,1.0\n2,0.5\n3,0.25\n"
+
+
+async def test_a_tensorboard_leaf_it_cannot_write_fails_the_flush(tmp_path: Path) -> None:
+    async with TensorBoardReleaseManager(tmp_path / "tb") as board:
+        batch = WriteBatch()
+        with batch.gathering():
+            await board.release({"note": object()}, 1)
+        with pytest.raises(TypeError, match="note"):
+            await batch.flush()
+
+
+class Recording(ReleaseManager):
+    def __init__(self, name: str, log: list[str], error: Exception | None = None) -> None:
+        self.name, self.log, self.error = name, log, error
+
+    async def release(self, value: object, key: object) -> None:
+        await anyio.sleep(0)
+        self.log.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+async def test_a_group_releases_one_manager_after_another_while_gathering() -> None:
+    log: list[str] = []
+    error = ValueError("bad sink")
+    memory = MemoryReleaseManager()
+    group = GroupingReleaseManager(
+        [Recording("a", log, error), Recording("b", log), Recording("c", log), memory]
+    )
+    with WriteBatch().gathering(), pytest.raises(ValueError) as raised:
+        await group.release(1.0, 4)
+    assert raised.value is error
+    assert log == ["a", "b", "c"]  # in order, each to its end despite the failure
+    assert memory.values() == {4: 1.0}
