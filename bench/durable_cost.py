@@ -10,10 +10,17 @@ program's own. Three configurations alternate, ``--repeats`` times each:
 - ``every 10``: the same with ``checkpoint_every=10``.
 
 The durable CPU time per round is a configuration's process CPU time per round (all
-threads) less the baseline's; the wall-clock time per round beside it. Prints a table,
-then one JSON line with medians and the (min, max) over repeats.
+threads) less the baseline's; the wall-clock time per round beside it.
 
-    python bench/durable_cost.py [--rounds 1000] [--repeats 5]
+Then the same three configurations around a real round: the tutorial FedAvg of
+``bench/fedavg_vs_tff.py`` at 10 clients, ``--fedavg-rounds`` rounds a run (0 skips
+it), alternating ``--repeats`` times. A run's round time is the time from its
+``WARM_ROUNDS``-th metric release to its last, over the rounds between; the overhead of
+a durable configuration is its round time over the memory run's of the same repeat.
+
+Prints two tables, then one JSON line with medians and the (min, max) over repeats.
+
+    python bench/durable_cost.py [--rounds 1000] [--repeats 5] [--fedavg-rounds 60]
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 
 import anyio
 import numpy as np
+from _tff_comparison import make_clients
+from fedavg_vs_tff import WARM_ROUNDS, ReleaseTimes, build_process
 
 from managers import (
     CSVFileReleaseManager,
@@ -37,7 +46,13 @@ from managers import (
     MemoryReleaseManager,
     TensorBoardReleaseManager,
 )
-from programlogic import LearningProcessOutput, LocalContext, train_model
+from programlogic import (
+    InMemoryDataSource,
+    LearningProcessOutput,
+    LocalContext,
+    Sampling,
+    train_model,
+)
 from programlogic.testing import FakeDataSource
 
 CONFIGURATIONS = ("memory", "every round", "every 10")
@@ -60,19 +75,23 @@ class StillProcess:
         return weights
 
 
+def managers_of(configuration: str, directory: Path) -> tuple[Any, Any]:
+    """The state and metrics managers of ``configuration``."""
+    if configuration == "memory":
+        return MemoryProgramStateManager(keep_total=3), MemoryReleaseManager(max_entries=100)
+    state = FileProgramStateManager(directory / "state", keep_total=3)
+    metrics = GroupingReleaseManager(
+        [
+            CSVFileReleaseManager(directory / "metrics.csv"),
+            TensorBoardReleaseManager(directory / "tensorboard"),
+        ]
+    )
+    return state, metrics
+
+
 async def one_run(configuration: str, rounds: int, directory: Path) -> tuple[float, float]:
     """CPU seconds and wall seconds of ``rounds`` rounds in ``configuration``."""
-    if configuration == "memory":
-        state: Any = MemoryProgramStateManager(keep_total=3)
-        metrics: Any = MemoryReleaseManager(max_entries=100)
-    else:
-        state = FileProgramStateManager(directory / "state", keep_total=3)
-        metrics = GroupingReleaseManager(
-            [
-                CSVFileReleaseManager(directory / "metrics.csv"),
-                TensorBoardReleaseManager(directory / "tensorboard"),
-            ]
-        )
+    state, metrics = managers_of(configuration, directory)
     async with LocalContext(), state, metrics:
         cpu, wall = time.process_time(), time.perf_counter()
         await train_model(
@@ -86,6 +105,53 @@ async def one_run(configuration: str, rounds: int, directory: Path) -> tuple[flo
             checkpoint_every=10 if configuration == "every 10" else 1,
         )
         return time.process_time() - cpu, time.perf_counter() - wall
+
+
+async def one_fedavg_run(
+    configuration: str, rounds: int, source: InMemoryDataSource, directory: Path
+) -> float:
+    """Wall milliseconds of a FedAvg round at 10 clients in ``configuration``, after warm-up."""
+    state, metrics = managers_of(configuration, directory)
+    timed = ReleaseTimes(metrics)
+    async with LocalContext(), state, timed:
+        await train_model(
+            train_process=build_process(None),
+            train_data_source=source,
+            train_per_round_clients=10,
+            train_total_rounds=rounds,
+            program_state_manager=state,
+            model_output_manager=MemoryReleaseManager(max_entries=1),
+            train_metrics_manager=timed,
+            checkpoint_every=10 if configuration == "every 10" else 1,
+        )
+    steady = timed.times[rounds] - timed.times[WARM_ROUNDS]
+    return steady / (rounds - WARM_ROUNDS) * 1e3
+
+
+async def measure_fedavg(rounds: int, repeats: int) -> dict[str, Any]:
+    """Per configuration, the FedAvg round's wall milliseconds and overhead % by repeat."""
+    clients = make_clients(10)
+    source = InMemoryDataSource(
+        {f"client_{index:04d}": client for index, client in enumerate(clients)},
+        sampling=Sampling.FIXED,
+    )
+    wall: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
+    for _ in range(repeats):
+        for name in CONFIGURATIONS:
+            with tempfile.TemporaryDirectory() as directory:
+                wall[name].append(await one_fedavg_run(name, rounds, source, Path(directory)))
+    rows = {}
+    for name in CONFIGURATIONS:
+        overheads = [
+            100 * (ms / base - 1) for ms, base in zip(wall[name], wall["memory"], strict=True)
+        ]
+        rows[name] = {
+            "round_ms": round(statistics.median(wall[name]), 3),
+            "round_ms_range": [round(min(wall[name]), 3), round(max(wall[name]), 3)],
+            "overhead_pct": round(statistics.median(overheads), 2),
+            "overhead_pct_range": [round(min(overheads), 2), round(max(overheads), 2)],
+        }
+    return {"clients": 10, "rounds": rounds, "repeats": repeats, "rows": rows}
 
 
 async def measure(rounds: int, repeats: int) -> dict[str, Any]:
@@ -116,7 +182,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--fedavg-rounds", type=int, default=60)
     arguments = parser.parse_args()
+    if arguments.fedavg_rounds and arguments.fedavg_rounds <= WARM_ROUNDS + 1:
+        parser.error(f"--fedavg-rounds must be 0 or more than {WARM_ROUNDS + 1}")
     result = anyio.run(measure, arguments.rounds, arguments.repeats)
     print("| configuration | CPU ms a round | durable CPU ms a round | wall ms a round |")
     print("|---|---|---|---|")
@@ -127,6 +196,18 @@ def main() -> None:
             f"{row['wall_ms_per_round']:.3f} ({row['wall_ms_range'][0]:.3f}-"
             f"{row['wall_ms_range'][1]:.3f}) |"
         )
+    if arguments.fedavg_rounds:
+        fedavg = anyio.run(measure_fedavg, arguments.fedavg_rounds, arguments.repeats)
+        result["fedavg"] = fedavg
+        print("\n| FedAvg, 10 clients | wall ms a round | overhead over memory managers |")
+        print("|---|---|---|")
+        for name, row in fedavg["rows"].items():
+            low, high = row["overhead_pct_range"]
+            print(
+                f"| {name} | {row['round_ms']:.2f} ({row['round_ms_range'][0]:.2f}-"
+                f"{row['round_ms_range'][1]:.2f}) | {row['overhead_pct']:+.1f} % "
+                f"({low:+.1f} to {high:+.1f}) |"
+            )
     print(json.dumps(result))
 
 
