@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
+from managers.validation import check_callable
+
 __all__ = ["WriteBatch", "WriteQueue", "is_gathering"]
 
 _T = TypeVar("_T")
@@ -78,7 +80,7 @@ class WriteQueue:
     """
 
     def __init__(self, on_dropped: Callable[[], None] | None = None) -> None:
-        self._on_dropped = on_dropped
+        self._on_dropped = check_callable("on_dropped", on_dropped, allow_none=True)
         self._pending: collections.deque[_Write] = collections.deque()
         self._making = threading.Lock()  # held while writes are made: one maker at a time
         self._stages = threading.Lock()  # held while a write changes stage

@@ -219,6 +219,12 @@ def probes() -> list[Probe]:
             ],
         ),
         (
+            "WriteQueue",
+            managers.WriteQueue,
+            dict,
+            [("on_dropped", "forget", TypeError)],
+        ),
+        (
             "JSONLinesReleaseManager",
             managers.JSONLinesReleaseManager,
             lambda: {"file_path": "m.jsonl"},

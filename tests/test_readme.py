@@ -149,3 +149,37 @@ async def test_the_tuning_example_runs_a_pruned_study(tmp_path: pathlib.Path) ->
     assert "pruned" in states and "complete" in states
     assert lines[8].startswith("best ")
     assert (tmp_path / "runs" / "tuning_example" / "study.db").exists()
+
+
+async def test_the_batched_sink_example_writes_every_round_once_train_model_returns(
+    tmp_path: pathlib.Path,
+) -> None:
+    from managers import WriteBatch
+    from programlogic import LocalContext, train_model
+    from programlogic.testing import FakeDataSource, FakeLearningProcess
+
+    example = next(block for block in python_blocks() if "class LinesReleaseManager" in block)
+    namespace: dict[str, object] = {}
+    exec(compile(example, str(README), "exec"), namespace)
+    path = tmp_path / "metrics.txt"
+    sink = namespace["LinesReleaseManager"](path)
+    batch = WriteBatch()
+    with batch.gathering():
+        await sink.release(0.5, "probe")
+    assert not path.exists()  # queued, not written
+    await batch.flush()
+    assert path.read_text() == "probe 0.5\n"
+    path.unlink()
+    async with LocalContext(), FileProgramStateManager(tmp_path / "state") as state:
+        await train_model(
+            train_process=FakeLearningProcess(),
+            train_data_source=FakeDataSource(10),
+            train_per_round_clients=3,
+            train_total_rounds=7,
+            program_state_manager=state,
+            model_output_manager=namespace["LinesReleaseManager"](tmp_path / "model.txt"),
+            train_metrics_manager=sink,
+            checkpoint_every=3,
+        )
+    keys = [line.split(" ", 1)[0] for line in path.read_text().splitlines()]
+    assert keys == [str(round_num) for round_num in range(1, 8)]
