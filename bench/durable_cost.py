@@ -35,8 +35,6 @@ from typing import Any
 
 import anyio
 import numpy as np
-from _tff_comparison import make_clients
-from fedavg_vs_tff import WARM_ROUNDS, ReleaseTimes, build_process
 
 from managers import (
     CSVFileReleaseManager,
@@ -107,10 +105,16 @@ async def one_run(configuration: str, rounds: int, directory: Path) -> tuple[flo
         return time.process_time() - cpu, time.perf_counter() - wall
 
 
+WARM_ROUNDS = 3
+"""FedAvg rounds left out of a run's round time: compilation, first file opens."""
+
+
 async def one_fedavg_run(
     configuration: str, rounds: int, source: InMemoryDataSource, directory: Path
 ) -> float:
     """Wall milliseconds of a FedAvg round at 10 clients in ``configuration``, after warm-up."""
+    from fedavg_vs_tff import ReleaseTimes, build_process  # TensorFlow: only for this part
+
     state, metrics = managers_of(configuration, directory)
     timed = ReleaseTimes(metrics)
     async with LocalContext(), state, timed:
@@ -130,6 +134,8 @@ async def one_fedavg_run(
 
 async def measure_fedavg(rounds: int, repeats: int) -> dict[str, Any]:
     """Per configuration, the FedAvg round's wall milliseconds and overhead % by repeat."""
+    from _tff_comparison import make_clients
+
     clients = make_clients(10)
     source = InMemoryDataSource(
         {f"client_{index:04d}": client for index, client in enumerate(clients)},
