@@ -87,21 +87,28 @@ def managers_of(configuration: str, directory: Path) -> tuple[Any, Any]:
     return state, metrics
 
 
+async def train(
+    configuration: str, process: Any, source: Any, rounds: int, state: Any, metrics: Any
+) -> None:
+    """``rounds`` rounds of ``process`` at 10 clients, saved as ``configuration`` says."""
+    await train_model(
+        train_process=process,
+        train_data_source=source,
+        train_per_round_clients=10,
+        train_total_rounds=rounds,
+        program_state_manager=state,
+        model_output_manager=MemoryReleaseManager(max_entries=1),
+        train_metrics_manager=metrics,
+        checkpoint_every=10 if configuration == "every 10" else 1,
+    )
+
+
 async def one_run(configuration: str, rounds: int, directory: Path) -> tuple[float, float]:
     """CPU seconds and wall seconds of ``rounds`` rounds in ``configuration``."""
     state, metrics = managers_of(configuration, directory)
     async with LocalContext(), state, metrics:
         cpu, wall = time.process_time(), time.perf_counter()
-        await train_model(
-            train_process=StillProcess(),
-            train_data_source=FakeDataSource(100),
-            train_per_round_clients=10,
-            train_total_rounds=rounds,
-            program_state_manager=state,
-            model_output_manager=MemoryReleaseManager(max_entries=1),
-            train_metrics_manager=metrics,
-            checkpoint_every=10 if configuration == "every 10" else 1,
-        )
+        await train(configuration, StillProcess(), FakeDataSource(100), rounds, state, metrics)
         return time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -118,16 +125,7 @@ async def one_fedavg_run(
     state, metrics = managers_of(configuration, directory)
     timed = ReleaseTimes(metrics)
     async with LocalContext(), state, timed:
-        await train_model(
-            train_process=build_process(None),
-            train_data_source=source,
-            train_per_round_clients=10,
-            train_total_rounds=rounds,
-            program_state_manager=state,
-            model_output_manager=MemoryReleaseManager(max_entries=1),
-            train_metrics_manager=timed,
-            checkpoint_every=10 if configuration == "every 10" else 1,
-        )
+        await train(configuration, build_process(None), source, rounds, state, timed)
     steady = timed.times[rounds] - timed.times[WARM_ROUNDS]
     return steady / (rounds - WARM_ROUNDS) * 1e3
 
