@@ -33,7 +33,7 @@ class Ticket:
     def lock(self) -> anyio.Lock:
         """A lock shared by the calls of this key, for handing them on one at a time."""
         if self.turn.lock is None:
-            self.turn.lock = anyio.Lock()
+            self.turn.lock = anyio.Lock(fast_acquire=True)
         return self.turn.lock
 
     def hand_on(self) -> bool:

@@ -128,7 +128,7 @@ class TensorBoardReleaseManager(ReleaseManager):
         """
         step = _check_step(key)
         if self._lock is None:
-            self._lock = anyio.Lock()
+            self._lock = anyio.Lock(fast_acquire=True)
         async with self._lock:  # call order is write order; the first call sets the purge
             self._check_open()
             plain = await materialize(value)
@@ -137,7 +137,7 @@ class TensorBoardReleaseManager(ReleaseManager):
     async def aclose(self) -> None:
         """Close the event file; later releases raise ``RuntimeError``."""
         if self._lock is None:
-            self._lock = anyio.Lock()
+            self._lock = anyio.Lock(fast_acquire=True)
         with anyio.CancelScope(shield=True):  # leaving `async with` on cancellation closes too
             async with self._lock:
                 if self._closed:
