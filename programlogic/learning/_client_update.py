@@ -62,9 +62,7 @@ measured to cost some 25 us a step, a third of a 5-client step of the tutorial's
 def _gathered_ahead(group: ClientGroup) -> bool:
     """Whether ``group``'s batches, copied out of its examples, fit in
     :data:`GATHER_AHEAD_BYTES`."""
-    example_bytes = sum(
-        math.prod(part.shape[2:]) * part.dtype.size for part in (group.x, group.y)
-    )
+    example_bytes = sum(math.prod(part.shape[2:]) * part.dtype.size for part in (group.x, group.y))
     return math.prod(group.indices.shape) * example_bytes <= GATHER_AHEAD_BYTES
 
 
