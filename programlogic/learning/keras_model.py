@@ -180,12 +180,14 @@ class FunctionalModel:
         """One batch of a client, traced into the caller's TensorFlow graph.
 
         ``x`` and ``y`` are the client's examples, ``indices`` the ones that fill the
-        batch and ``mask`` which of its slots are real. Returns ``(loss,
-        new_non_trainable, sums)``: the masked mean loss to differentiate, the
-        non-trainable weights after the forward pass, and the sums the metrics are made
-        of (``loss_sum``, ``num_examples``, each metric's variables).
+        batch (None: ``x`` and ``y`` are the batch's own) and ``mask`` which of its
+        slots are real. Returns ``(loss, new_non_trainable, sums)``: the masked mean
+        loss to differentiate, the non-trainable weights after the forward pass, and the
+        sums the metrics are made of (``loss_sum``, ``num_examples``, each metric's
+        variables).
         """
-        x, y = tf.gather(x, indices), tf.gather(y, indices)
+        if indices is not None:
+            x, y = tf.gather(x, indices), tf.gather(y, indices)
         outputs, new_non_trainable, losses = self.model.stateless_call(
             list(trainable), list(non_trainable), x, training=training, return_losses=True
         )

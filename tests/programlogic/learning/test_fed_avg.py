@@ -42,6 +42,7 @@ from programlogic import (
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import (
     WeightedFedAvg,
+    _client_update,
     adam,
     build_weighted_fed_avg,
     sgd,
@@ -163,6 +164,34 @@ async def test_two_rounds_equal_fed_avg_written_in_numpy(clients_per_group: int)
         assert_metrics_match(metrics, expected_metrics)
     # The model moved: the comparison is not between two untouched models.
     assert not np.allclose(trainable[0], known_weights()["trainable"][0], atol=1e-2)
+
+
+async def test_batches_gathered_in_the_loop_train_as_batches_gathered_ahead(monkeypatch) -> None:
+    # Groups whose batches would take more than GATHER_AHEAD_BYTES gather each batch in
+    # the compiled loop; a client optimizer no other test uses gives a function of its
+    # own, traced with that limit.
+    monkeypatch.setattr(_client_update, "GATHER_AHEAD_BYTES", 0)
+    process = build_weighted_fed_avg(
+        SMALL_MODEL, sgd(0.5, momentum=0.25), sgd(1.0), preprocess=UNSHUFFLED, clients_per_group=2
+    )
+    start = process.set_model_weights(process.initialize(), known_weights())
+    clients = handles(ragged_clients())
+
+    history = await train(process, start, [clients])
+
+    data = list(ragged_clients().values())
+    expected = fed_avg(
+        known_weights()["trainable"],
+        [data],
+        hand_sgd(0.5, momentum=0.25),
+        hand_sgd(1.0),
+        epochs=EPOCHS,
+        batch_size=BATCH,
+    )
+    (state, metrics), (weights, expected_metrics) = history[0], expected[0]
+    for actual, wanted in zip(process.get_model_weights(state)["trainable"], weights, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+    assert_metrics_match(metrics, expected_metrics)
 
 
 @functools.cache
