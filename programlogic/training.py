@@ -138,10 +138,11 @@ async def train_model(
     ``N`` rounds after the last saved one, and with ``checkpoint_interval`` only once
     that much time has passed on ``clock`` since the last save (both, when both are
     given); the initial state, the last round and a round a stopping policy made the
-    last are always saved. Every round's metrics are still released and its evaluation
-    started. A crash loses the rounds after the newest checkpoint, which a rerun
-    computes again (sampling and randomness are functions of ``seed`` and the round)
-    and releases again under the same keys, so the outputs are those of an
+    last are always saved. Every round's metrics are still released (file managers
+    write them with the next checkpoint: see :class:`~managers.writes.WriteBatch`) and
+    its evaluation started. A crash loses the rounds after the newest checkpoint,
+    which a rerun computes again (sampling and randomness are functions of ``seed``
+    and the round) and releases again under the same keys: the outputs are those of an
     uninterrupted run. That needs a context that replays rounds exactly
     (``FederatedContext.replays_rounds``; not a ``RayContext`` with a
     ``round_deadline``) and an ``int`` ``evaluation_periodicity``: otherwise a cadence
