@@ -209,9 +209,11 @@ class GroupedProcess(abc.ABC):
         seeds: Sequence[int],
         group_size: int,
         *inputs: Any,
+        whole_batches: bool = False,
     ) -> Any:
-        """The compiled group function on ``datas``, preprocessed with a seed each, padded,
-        with the further ``inputs`` its graph takes after the group.
+        """The compiled group function on ``datas``, preprocessed with a seed each, padded
+        (``whole_batches`` as in :func:`stack_clients`), with the further ``inputs`` its
+        graph takes after the group.
 
         A client's seed also gives its seed-generator states (its dropout, say).
         """
@@ -221,7 +223,9 @@ class GroupedProcess(abc.ABC):
             for client, seed in zip(examples, seeds, strict=True)
         ]
         random_states = [self.model.random_states(seed) for seed in seeds]
-        group = stack_clients(examples, orders, group_size, random_states)
+        group = stack_clients(
+            examples, orders, group_size, random_states, whole_batches=whole_batches
+        )
         return self._compiled(weights["trainable"], weights["non_trainable"], group, *inputs)
 
     def _plan_round(self, clients: Sequence[Any], round_name: str) -> tuple[FederatedContext, int]:

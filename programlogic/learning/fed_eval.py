@@ -116,7 +116,10 @@ class FederatedEvaluation(GroupedProcess):
         datas: Sequence[Any],
     ) -> list[dict[str, float]]:
         weights, group_size = broadcast
-        sums = self._run_group(weights, datas, [0] * len(datas), group_size)
+        # Padded to whole batches, a group's shape follows its batch count alone, which
+        # clients of near sizes share: a held-out set's groups compile once, whichever
+        # clients a round puts together.
+        sums = self._run_group(weights, datas, [0] * len(datas), group_size, whole_batches=True)
         arrays = {name: np.asarray(value) for name, value in sums.items()}
         return [client_sums(arrays, index) for index in range(len(client_ids))]
 

@@ -334,7 +334,7 @@ class ClientGroup(NamedTuple):
     are real; ``random_states`` int64 ``[group, generators, 2]`` holds each client's
     :meth:`FunctionalModel.random_states` (zeros for padding clients). Clients are
     padded up to common, bucketed sizes and the group with empty clients up to its size,
-    so that a compiled group function sees few distinct shapes.
+    so that a compiled group function sees few distinct shapes (see :func:`stack_clients`).
     """
 
     x: np.ndarray
@@ -349,13 +349,24 @@ def stack_clients(
     orders: Sequence[BatchOrder],
     group_size: int,
     random_states: Sequence[np.ndarray] = (),
+    *,
+    whole_batches: bool = False,
 ) -> ClientGroup:
     """The clients' ``examples``, batch ``orders`` and ``random_states`` (none: a model
-    without seed generators) stacked into one :class:`ClientGroup`."""
+    without seed generators) stacked into one :class:`ClientGroup`.
+
+    The batches are padded to the :func:`bucket` of the most a client has, and the
+    examples to the bucket of the most a client has or, with ``whole_batches``, to the
+    group's batch slots (for clients whose batches hold each example at most once, as an
+    evaluation's): the group's shape then depends on its batches alone.
+    """
     num_generators = len(random_states[0]) if len(random_states) else 0
     first_x, first_order = examples[0].x, orders[0]
-    num_examples = bucket(max(len(client.y) for client in examples))
     num_batches = bucket(max(len(order.mask) for order in orders))
+    if whole_batches:
+        num_examples = num_batches * first_order.mask.shape[1]
+    else:
+        num_examples = bucket(max(len(client.y) for client in examples))
     group = ClientGroup(
         x=np.zeros((group_size, num_examples, *first_x.shape[1:]), dtype=np.float32),
         y=np.zeros((group_size, num_examples, *examples[0].y.shape[1:]), dtype=examples[0].y.dtype),

@@ -140,6 +140,28 @@ async def test_an_evaluation_pickles_and_the_copy_evaluates_alike() -> None:
     assert original[0].metrics == copied[0].metrics
 
 
+async def test_clients_whose_examples_pad_apart_evaluate_with_one_compiled_shape() -> None:
+    # 9 and 12 examples pad to 10 and 12, in 3 batches of 4 each: a group of one client
+    # apiece, in both orders, as a held-out set evaluated round after round.
+    process = build_fed_eval(
+        SMALL_MODEL,
+        loss=keras.losses.SparseCategoricalCrossentropy(),  # its own compiled function
+        preprocess=Preprocessing(epochs=1, batch_size=4, shuffle_buffer=0),
+        clients_per_group=1,
+    )
+    clients = {"g": make_client(9, 23), "h": make_client(12, 24)}
+    weights = known_weights(seed=5)
+    state = process.set_model_weights(process.initialize(), weights)
+    in_order = handles(clients)
+
+    outputs = await evaluate_rounds(process, state, [in_order, in_order[::-1]])
+
+    assert len(process._compiled._signatures) == 1  # the argument shapes it compiled for
+    expected = expected_metrics(weights, clients.values())
+    for output in outputs:
+        assert output.metrics["client_work"]["eval"]["current_round_metrics"] == expected
+
+
 def images(count: int, seed: int) -> ClientArrays:
     """``count`` random 28x28 images with labels among 10 classes."""
     rng = np.random.default_rng(seed)

@@ -62,6 +62,23 @@ async def test_stack_clients_pads_clients_to_a_bucket_and_the_group_to_its_size(
     assert not group.indices[group.mask == 0].any()
 
 
+async def test_stack_clients_with_whole_batches_pads_examples_to_the_batch_slots() -> None:
+    # 9 and 12 examples pad to 10 and 12 (two shapes), but both fill 3 batches of 4.
+    preprocess = Preprocessing(epochs=1, batch_size=4, shuffle_buffer=0)
+    shapes = set()
+    for data in (client(9, 2), client(12, 3)):
+        examples, order = [preprocess.examples(data)], [preprocess.order(len(data.y), 0)]
+        assert stack_clients(examples, order, 1).x.shape[1] == bucket(len(data.y))
+
+        group = stack_clients(examples, order, 1, whole_batches=True)
+
+        shapes.add(tuple(array.shape for array in group))
+        np.testing.assert_array_equal(group.x[0, : len(data.y)], data.x)
+        assert not group.x[0, len(data.y) :].any()
+        assert group.mask.sum() == len(data.y)
+    assert shapes == {((1, 12, 2), (1, 12), (1, 3, 4), (1, 3, 4), (1, 0, 2))}
+
+
 def linear_model() -> keras.Model:
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Softmax()])
 
