@@ -51,16 +51,25 @@ MAX_CLIENTS_PER_GROUP = 64
 def plan_group_size(num_clients: int, parallelism: int, clients_per_group: int | None) -> int:
     """How many clients of a round of ``num_clients`` go into one compiled call.
 
-    ``clients_per_group`` when given (at most ``num_clients``); otherwise the round is
-    split evenly into a multiple of ``parallelism`` groups of at most
-    :data:`MAX_CLIENTS_PER_GROUP` clients.
+    ``clients_per_group`` when given (at most ``num_clients``). Otherwise the round is
+    split evenly over ``parallelism`` workers: into the fewest groups of at most
+    :data:`MAX_CLIENTS_PER_GROUP` clients whose number is a multiple of
+    ``parallelism`` (at least ``parallelism`` groups), so that every worker computes as
+    many groups; where those groups would leave the last one empty, groups up to a
+    quarter smaller that split the round into such a multiple, if any.
     """
     if clients_per_group is not None:
         return min(clients_per_group, num_clients)
     parallelism = max(1, parallelism)
     groups = max(parallelism, math.ceil(num_clients / MAX_CLIENTS_PER_GROUP))
     groups = math.ceil(groups / parallelism) * parallelism
-    return max(1, math.ceil(num_clients / groups))
+    size = max(1, math.ceil(num_clients / groups))
+    # Groups of that size may number fewer (10,000 clients in 158 groups make 157 of
+    # 64), leaving one worker a last group alone: a slightly smaller size splits evenly.
+    for smaller in range(size, math.ceil(size * 3 / 4) - 1, -1):
+        if math.ceil(num_clients / smaller) % parallelism == 0:
+            return smaller
+    return size
 
 
 def check_clients_per_group(clients_per_group: object) -> None:

@@ -41,7 +41,9 @@ class FederatedEvaluation(GroupedProcess):
 
     Each client's data is batched once, in order (``preprocess``), and run through the
     model in inference mode; clients go through the current federated context in
-    compiled, vectorized groups, as in :class:`~programlogic.learning.WeightedFedAvg`.
+    compiled, vectorized groups, as in :class:`~programlogic.learning.WeightedFedAvg`,
+    each client padded to its group's whole batches: groups whose clients fill as many
+    batches share one compiled shape, whichever clients a round puts together.
     Metrics, example-weighted over all clients (the names of
     ``tff.learning.algorithms.build_fed_eval``):
     ``client_work/eval/current_round_metrics/{sparse_categorical_accuracy, loss,
@@ -116,9 +118,6 @@ class FederatedEvaluation(GroupedProcess):
         datas: Sequence[Any],
     ) -> list[dict[str, float]]:
         weights, group_size = broadcast
-        # Padded to whole batches, a group's shape follows its batch count alone, which
-        # clients of near sizes share: a held-out set's groups compile once, whichever
-        # clients a round puts together.
         sums = self._run_group(weights, datas, [0] * len(datas), group_size, whole_batches=True)
         arrays = {name: np.asarray(value) for name, value in sums.items()}
         return [client_sums(arrays, index) for index in range(len(client_ids))]

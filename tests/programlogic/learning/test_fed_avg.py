@@ -483,6 +483,7 @@ async def test_a_round_needs_clients() -> None:
         (1, 2, None, 1),
         (10, 1, None, 10),
         (1000, 2, None, 63),  # 16 groups: none above MAX_CLIENTS_PER_GROUP
+        (10_000, 2, None, 62),  # 162 groups; 158 asked of 64 would make 157, one alone
         (200, 3, None, 34),  # 6 groups, a multiple of the parallelism
         (10, 2, 4, 4),  # given explicitly
         (3, 2, 8, 3),  # never more than the round
