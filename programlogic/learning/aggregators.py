@@ -7,8 +7,7 @@ is split where the data is, so that a round streams:
 1. a per-client transform and a fold of a group's clients into one partial, traced
    into the compiled, vectorized group call on the worker (:meth:`ModelAggregator.fold_group`);
 2. a merge of the groups' partials, in group order, with NumPy on a worker thread
-   (on the event loop for partials of a few hundred KB at most:
-   :meth:`ModelAggregator.merge`);
+   (:meth:`ModelAggregator.merge`);
 3. a server-side finalize that turns the merged partial into the update, a new
    aggregator state and measurements (:meth:`ModelAggregator.finalize`).
 
@@ -90,8 +89,7 @@ class ModelAggregator(abc.ABC):
       a client without examples and a client whose delta is not finite (whose delta is
       zeroed). It returns a partial: a dict of tensors;
     - :meth:`merge` with the partial merged so far (None at first) and the next
-      group's, in group order, off the event loop (on it for a partial of at most
-      ``fed_avg.INLINE_MERGE_BYTES``): NumPy arrays in, NumPy arrays out
+      group's, in group order, off the event loop: NumPy arrays in, NumPy arrays out
       (it may update ``total`` in place);
     - :meth:`finalize` on the server with the state, the merged partial (None if the
       round had no group) and the round number, returning an :class:`Aggregate`.

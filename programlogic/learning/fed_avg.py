@@ -36,12 +36,7 @@ from programlogic.tasks import task_group
 
 # MAX_CLIENTS_PER_GROUP and plan_group_size live in _grouped since FedEval shares them;
 # they stay importable from here, outside the public names.
-__all__ = ["INLINE_MERGE_BYTES", "WeightedFedAvg", "build_weighted_fed_avg"]
-
-INLINE_MERGE_BYTES = 2**18
-"""The largest group partial (bytes of its arrays) a round merges on the event loop
-rather than on a worker thread: merging one that small takes microseconds, less than
-the hand-off to a thread and back."""
+__all__ = ["WeightedFedAvg", "build_weighted_fed_avg"]
 
 
 @dataclasses.dataclass
@@ -74,15 +69,8 @@ class _Totals:
             self.non_finite_clients += 1
 
     def add_group(self, partial: Partial) -> None:
-        """Merge a group's partial: model-sized NumPy work, for a worker thread unless
-        it is small (:data:`INLINE_MERGE_BYTES`)."""
+        """Merge a group's partial: model-sized NumPy work, for a worker thread."""
         self.partial = self.aggregator.merge(self.partial, partial)
-
-
-def _merges_inline(partial: Partial) -> bool:
-    """Whether ``partial`` is small enough to merge on the event loop."""
-    leaves = tf.nest.flatten(partial)
-    return sum(np.asarray(leaf).nbytes for leaf in leaves) <= INLINE_MERGE_BYTES
 
 
 class WeightedFedAvg(GroupedProcess):
@@ -98,9 +86,9 @@ class WeightedFedAvg(GroupedProcess):
     Client work runs through the current federated context, a group of clients at a
     time in one compiled, vectorized TensorFlow call (XLA): clients of unequal size are
     padded with masked batches. That call also sums the group's weighted deltas (in
-    float64); the round adds the group sums in group order (through the context's
-    ``run``, off the event loop, unless they are small), so the sum is the same
-    whichever group finished first. Groups hold ``clients_per_group`` clients, or by default the round split
+    float64); the round adds the group sums, in group order, through the context's
+    ``run`` (off the event loop), so the sum is the same whichever group finished
+    first. Groups hold ``clients_per_group`` clients, or by default the round split
     evenly over the context's ``parallelism`` (at most :data:`MAX_CLIENTS_PER_GROUP` a
     group). Each client's data is preprocessed where the work runs with the seed
     ``client_seed(seed, round, client_id)``, so for a fixed configuration a seed gives
@@ -204,10 +192,7 @@ class WeightedFedAvg(GroupedProcess):
             # the order given, so at most the groups computing meanwhile wait here.
             async with receive:
                 async for group in receive:
-                    if _merges_inline(group):
-                        totals.add_group(group)
-                    else:
-                        await context.run(totals.add_group, group)
+                    await context.run(totals.add_group, group)
 
         with count_dropped_clients() as dropped:
             async with task_group() as tasks:
