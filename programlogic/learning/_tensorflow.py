@@ -107,6 +107,9 @@ class CompiledFunction:
             with GRAPHS.shared():
                 return traced.call(leaves)
         with GRAPHS.exclusive():
+            traced = self._find(signature, args)  # another thread may have traced it meanwhile
+            if traced is not None:
+                return traced.call(leaves)
             traced = _Traced(self._fn, args)
             result = traced.call(leaves)
             self._traced.setdefault(signature, []).append(traced)

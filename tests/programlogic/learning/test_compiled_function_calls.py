@@ -1,5 +1,6 @@
 """A compiled function takes nested NumPy arguments and returns its function's results."""
 
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -63,3 +64,30 @@ async def test_a_namedtuple_result_keeps_its_type() -> None:
     swapped = compiled(Pair(np.zeros(2, np.float32), np.ones(2, np.float32)))
     assert isinstance(swapped, Pair)
     np.testing.assert_array_equal(swapped.first.numpy(), [1.0, 1.0])
+
+
+async def test_threads_calling_a_new_signature_at_once_trace_it_once() -> None:
+    traces = []
+
+    def double(value):
+        traces.append(1)
+        return value * 2.0
+
+    compiled = CompiledFunction(double)
+    start = threading.Barrier(2)
+    results = []
+
+    def call() -> None:
+        start.wait()
+        results.append(compiled(np.ones(3, np.float32)).numpy())
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(traces) == 1
+    for result in results:
+        np.testing.assert_array_equal(result, [2.0, 2.0, 2.0])
+    assert len(results) == 2
