@@ -53,10 +53,14 @@ class _ClientUpdate:
 
 @dataclasses.dataclass
 class _Totals:
-    """The merged aggregation partial and the summed metrics of a round."""
+    """The merged aggregation partial and the summed metrics of a round.
+
+    The last group's partial is held back (``last_group``) for the server step to merge.
+    """
 
     aggregator: ModelAggregator
     partial: Partial | None = None
+    last_group: Partial | None = None
     sums: dict[str, float] = dataclasses.field(default_factory=dict)
     non_finite_clients: int = 0
     dropped_clients: int = 0
@@ -71,6 +75,14 @@ class _Totals:
     def add_group(self, partial: Partial) -> None:
         """Merge a group's partial: model-sized NumPy work, for a worker thread."""
         self.partial = self.aggregator.merge(self.partial, partial)
+
+    def merged(self) -> Partial | None:
+        """The round's partial, ``last_group`` merged in: model-sized NumPy work, for a
+        worker thread."""
+        if self.last_group is not None:
+            self.add_group(self.last_group)
+            self.last_group = None
+        return self.partial
 
 
 class WeightedFedAvg(GroupedProcess):
@@ -189,10 +201,13 @@ class WeightedFedAvg(GroupedProcess):
 
         async def add_groups() -> None:
             # One group at a time, in client order: worker threads take the calls in
-            # the order given, so at most the groups computing meanwhile wait here.
+            # the order given, so at most the groups computing meanwhile wait here. The
+            # last group is merged by the server step, in the same hand-off to a thread.
             async with receive:
                 async for group in receive:
-                    await context.run(totals.add_group, group)
+                    if totals.last_group is not None:
+                        await context.run(totals.add_group, totals.last_group)
+                    totals.last_group = group
 
         with count_dropped_clients() as dropped:
             async with task_group() as tasks:
@@ -253,7 +268,7 @@ class WeightedFedAvg(GroupedProcess):
         trainable = weights["trainable"]
         update_non_finite = 0
         aggregate = self.model_aggregator.finalize(
-            state.get("aggregator", {}), totals.partial, int(state["round"]) + 1
+            state.get("aggregator", {}), totals.merged(), int(state["round"]) + 1
         )
         if aggregate.update is not None:
             mean_delta = [
