@@ -104,6 +104,11 @@ class Preprocessing:
         Labels that are not integers (regression targets, one-hot rows) stay float32; ``y``
         may hold more than one value per example (``[n, ...]``).
         """
+        if not (hasattr(data, "x") and hasattr(data, "y")):
+            raise TypeError(
+                "a client's data must have x and y arrays (programlogic.datasets.ClientArrays), "
+                f"got {type(data).__name__}"
+            )
         x = np.asarray(data.x, dtype=np.float32)
         y = np.asarray(data.y)
         y = y.astype(np.int32 if y.dtype.kind in "biu" else np.float32, copy=False)

@@ -106,6 +106,12 @@ async def test_a_feature_shape_that_does_not_fit_is_a_value_error() -> None:
         Preprocessing(feature_shape=(784,))(client(3, (8, 8)), 0)
 
 
+async def test_data_without_x_and_y_is_a_type_error_naming_client_arrays() -> None:
+    x, y = np.zeros((4, 3), np.float32), np.zeros(4, np.int32)
+    with pytest.raises(TypeError, match=r"ClientArrays\), got tuple"):
+        Preprocessing(batch_size=2)((x, y), seed=0)
+
+
 async def test_an_empty_client_gives_no_batches() -> None:
     batches = Preprocessing(batch_size=4)(client(0), 0)
     assert batches.x.shape == (0, 4, 3) and batches.mask.shape == (0, 4)
