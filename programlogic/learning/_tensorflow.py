@@ -116,6 +116,11 @@ class CompiledFunction:
             release_freed_memory()
         return result
 
+    @property
+    def traced_count(self) -> int:
+        """How many argument structures, shapes and dtypes were traced and compiled."""
+        return sum(len(traced) for traced in self._traced.values())
+
     def _find(self, signature: tuple[Any, ...], args: tuple[Any, ...]) -> _Traced | None:
         """The traced function for arguments like ``args`` (of leaves ``signature``), if any."""
         for traced in self._traced.get(signature, ()):

@@ -156,7 +156,7 @@ async def test_clients_whose_examples_pad_apart_evaluate_with_one_compiled_shape
 
     outputs = await evaluate_rounds(process, state, [in_order, in_order[::-1]])
 
-    assert len(process._compiled._signatures) == 1  # the argument shapes it compiled for
+    assert process._compiled.traced_count == 1  # the argument shapes it compiled for
     expected = expected_metrics(weights, clients.values())
     for output in outputs:
         assert output.metrics["client_work"]["eval"]["current_round_metrics"] == expected
