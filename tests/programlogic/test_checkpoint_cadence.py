@@ -149,6 +149,7 @@ async def test_file_metrics_of_rounds_lost_to_a_crash_are_written_again_the_same
 ) -> None:
     """The file writes of the rounds after a checkpoint wait for the next one; a crash
     drops them and the rerun writes them: the files of an uninterrupted run."""
+    pytest.importorskip("tensorboardX")  # the TFF environment's core run lacks it
     await train_to_files(tmp_path / "reference", FakeLearningProcess(), every=4)
     root = tmp_path / "crashed"
     process = CrashesOnce(7)
