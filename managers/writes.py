@@ -107,7 +107,7 @@ class WriteQueue:
         await self._make_now(write)
         return write.outcome()
 
-    def make_through(self, target: _Write) -> None:
+    def _make_through(self, target: _Write) -> None:
         """Make this queue's writes up to and including ``target``; runs in a worker thread."""
         with self._making:
             while target.stage is _Stage.PENDING:
@@ -122,25 +122,27 @@ class WriteQueue:
                     write.stage, write.error = _Stage.FAILED, error
                     self._drop_pending(error)
 
-    def drop(self, writes: list[_Write], reason: BaseException) -> None:
-        """Drop those of ``writes`` (this queue's) not made yet."""
+    def _drop(self, writes: list[_Write], reason: BaseException) -> None:
+        """Drop those of ``writes`` (this queue's) not made yet, and tell the manager."""
+        if self._withdraw(writes, reason) and self._on_dropped is not None:
+            self._on_dropped()
+
+    def _withdraw(self, writes: list[_Write], reason: BaseException) -> bool:
+        """Take those of ``writes`` not made yet out of the queue; whether there were any."""
         with self._stages:
-            dropped = [write for write in writes if write.stage is _Stage.PENDING]
-            for write in dropped:
+            withdrawn = [write for write in writes if write.stage is _Stage.PENDING]
+            for write in withdrawn:
                 write.stage, write.error = _Stage.DROPPED, reason
                 self._pending.remove(write)
-        if dropped and self._on_dropped is not None:
-            self._on_dropped()
+        return bool(withdrawn)
 
     async def _make_now(self, write: _Write) -> None:
         try:
-            await anyio.to_thread.run_sync(self.make_through, write)
-        except BaseException:
-            # Cancelled before its thread started (a started one is waited for): never made.
-            with self._stages:
-                if write.stage is _Stage.PENDING:
-                    write.stage = _Stage.DROPPED
-                    self._pending.remove(write)
+            await anyio.to_thread.run_sync(self._make_through, write)
+        except BaseException as error:
+            # Cancelled before its thread started (a started one is waited for): never
+            # made, and the caller, not the manager, is told.
+            self._withdraw([write], error)
             raise
 
     def _queue(self, function: Callable[..., Any], args: tuple[Any, ...]) -> _Write:
@@ -152,7 +154,7 @@ class WriteQueue:
     def _drop_pending(self, reason: BaseException) -> None:
         with self._stages:
             dropped = list(self._pending)
-        self.drop(dropped, reason)
+        self._drop(dropped, reason)
 
 
 class WriteBatch:
@@ -200,7 +202,7 @@ class WriteBatch:
 
 def _make_all(writes: list[_Write]) -> None:
     for index, write in enumerate(writes):
-        write.queue.make_through(write)
+        write.queue._make_through(write)
         if write.error is not None:
             _drop(writes[index + 1 :], write.error)
             raise write.error
@@ -211,4 +213,4 @@ def _drop(writes: list[_Write], reason: BaseException) -> None:
     for write in writes:
         by_queue.setdefault(write.queue, []).append(write)
     for queue, queued in by_queue.items():
-        queue.drop(queued, reason)
+        queue._drop(queued, reason)
