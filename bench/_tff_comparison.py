@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 ANCHORS = REPO.parent / "shared" / "anchors"
 EXAMPLES_PER_CLIENT = 100
 TOLERANCE = 1e-5
+WARM_ROUNDS = 3
+"""Rounds of our FedAvg left out of a steady round time: compilation, first file opens,
+threads' first calls."""
 TFF_PYTHON_VARIABLE = "PROGRAMLOGIC_TFF_PYTHON"
 """The TFF venv's interpreter, when set; otherwise ``setup_tff_venv.sh`` finds or builds it."""
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from _tff_comparison import WARM_ROUNDS, make_clients
 
 from managers import (
     CSVFileReleaseManager,
@@ -112,10 +113,6 @@ async def one_run(configuration: str, rounds: int, directory: Path) -> tuple[flo
         return time.process_time() - cpu, time.perf_counter() - wall
 
 
-WARM_ROUNDS = 3
-"""FedAvg rounds left out of a run's round time: compilation, first file opens."""
-
-
 async def one_fedavg_run(
     configuration: str, rounds: int, source: InMemoryDataSource, directory: Path
 ) -> float:
@@ -132,8 +129,6 @@ async def one_fedavg_run(
 
 async def measure_fedavg(rounds: int, repeats: int) -> dict[str, Any]:
     """Per configuration, the FedAvg round's wall milliseconds and overhead % by repeat."""
-    from _tff_comparison import make_clients
-
     clients = make_clients(10)
     source = InMemoryDataSource(
         {f"client_{index:04d}": client for index, client in enumerate(clients)},

@@ -58,6 +58,7 @@ import roofline
 from _tff_comparison import (
     ANCHORS,
     TOLERANCE,
+    WARM_ROUNDS,
     first,
     json_lines_of,
     make_clients,
@@ -194,10 +195,6 @@ async def run_program(
         "loss": [metrics.losses[key] for key in keys],
         "total_s": total,
     }
-
-
-WARM_ROUNDS = 3
-"""Rounds left out of the overhead: compilation, first file opens, threads' first calls."""
 
 
 def steady_mean(runs: list[dict[str, Any]], series: str = "round_s") -> float:
