@@ -21,6 +21,7 @@ from programlogic.learning._grouped import GroupedProcess, ratio, training_model
 from programlogic.learning._grouped import (
     plan_group_size as plan_group_size,
 )
+from programlogic.learning._softmax_update import softmax_group_update
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.aggregators import (
     Mean,
@@ -241,9 +242,9 @@ class WeightedFedAvg(GroupedProcess):
         weights, round_num, group_size, params = broadcast
         seeds = [client_seed(self.seed, round_num, client_id) for client_id in client_ids]
         partial, finite, sums = self._run_group(weights, datas, seeds, group_size, params)
-        group = tf.nest.map_structure(lambda tensor: tensor.numpy(), partial)
-        finite = finite.numpy()
-        sums = {name: value.numpy() for name, value in sums.items()}
+        group = tf.nest.map_structure(np.asarray, partial)
+        finite = np.asarray(finite)
+        sums = {name: np.asarray(value) for name, value in sums.items()}
         updates = [
             _ClientUpdate(
                 finite=bool(finite[index]),
@@ -253,6 +254,13 @@ class WeightedFedAvg(GroupedProcess):
         ]
         updates[0].group = group
         return updates
+
+    def _compile(self) -> Callable[..., Any]:
+        # A softmax regression trained with plain SGD runs as a Numba loop instead of
+        # the traced graph (see programlogic.learning._softmax_update).
+        graph, config = self._group_graph()
+        update = softmax_group_update(self.model, *config) if graph is train_group_graph else None
+        return super()._compile() if update is None else update
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return train_group_graph, (
