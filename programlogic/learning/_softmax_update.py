@@ -1,24 +1,25 @@
-"""The client update of a softmax regression as a Numba loop, when the model is one.
+"""The client update of a softmax regression as a compiled loop, when the model is one.
 
 A softmax regression (an optional flatten, one dense layer with a bias, a softmax,
 sparse categorical cross-entropy) trained with plain SGD spends each local step on two
 tiny products: 5 examples against a 784x10 kernel in the EMNIST tutorial. Compiled
 TensorFlow pays a fixed cost for every operation of such a step, so the step's latency,
-not its FLOPs, bounds a round (``bench/roofline.py``). Here a client's steps run as one
-Numba-compiled loop over the transposed kernel held in cache, some 2.5x faster than
-the best TensorFlow or NumPy formulation of the same math on this repository's
-benchmark machine. The loop computes what :func:`~programlogic.learning._client_update.
-train_group_graph` traces for such a model (the masked mean loss, the accuracy sums,
-FedProx's proximal term, an empty batch leaving the weights alone), equal to float32
-rounding; the group's deltas are folded by the same aggregator code, compiled.
+not its FLOPs, bounds a round (``bench/roofline.py``). Here a group's clients train in
+the C loop of the extension ``_softmax_kernel`` (built at install), one client after
+another on its transposed kernel, which stays in the core's cache. It computes what
+:func:`~programlogic.learning._client_update.train_group_graph` traces for such a model
+(the masked mean loss, the accuracy sums, FedProx's proximal term, an empty batch
+leaving the weights alone), equal to float32 rounding; the group's deltas are folded by
+the same aggregator code, compiled with XLA.
 
 :func:`softmax_group_update` says whether a process's model and client optimizer are
-one it runs; without Numba installed none is, and the traced graph runs instead.
+one it runs; where the extension was not built, none is, and the traced graph runs.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -29,150 +30,11 @@ from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import SGD, Optimizer
 
 try:
-    import numba
-except ImportError:  # pragma: no cover - depends on the environment
-    numba = None
+    from programlogic.learning import _softmax_kernel
+except ImportError:  # pragma: no cover - an install that did not build the extension
+    _softmax_kernel = None
 
 __all__ = ["SoftmaxGroupUpdate", "softmax_group_update", "softmax_layer"]
-
-# Reassociation lets the loops over features vectorize; no flag that assumes values are
-# finite, since a non-finite client is detected and weighted 0, as in the traced graph.
-_FASTMATH = {"reassoc", "contract"}
-_SUMS = ("loss_sum", "num_examples", "num_batches", "correct", "weighed")
-
-
-def _jit(fn: Any) -> Any:
-    if numba is None:  # pragma: no cover - depends on the environment
-        return fn
-    return numba.njit(nogil=True, fastmath=_FASTMATH, cache=False)(fn)
-
-
-@_jit
-def _forward(x: Any, label: int, kernel: Any, bias: Any, out: Any) -> tuple[float, int]:
-    """One example's softmax probabilities (into ``out``), cross-entropy and argmax; a
-    label outside the classes gives a NaN loss and NaN probabilities."""
-    classes, features = kernel.shape
-    for k in range(classes):
-        total = np.float32(0.0)
-        for d in range(features):
-            total += x[d] * kernel[k, d]
-        out[k] = total + bias[k]
-    best = 0
-    for k in range(1, classes):
-        if out[k] > out[best]:
-            best = k
-    if label < 0 or label >= classes:
-        out[:] = np.nan
-        return np.nan, best
-    top = out[best]
-    picked = out[label] - top
-    norm = np.float32(0.0)
-    for k in range(classes):
-        out[k] = np.exp(out[k] - top)
-        norm += out[k]
-    loss = np.log(norm) - picked
-    for k in range(classes):
-        out[k] = out[k] / norm
-    return loss, best
-
-
-@_jit
-def _train_client(
-    x: Any,
-    labels: Any,
-    indices: Any,
-    mask: Any,
-    num_steps: int,
-    kernel: Any,
-    bias: Any,
-    rate: float,
-    proximal: float,
-    sums: Any,
-) -> None:
-    """One client's local SGD on the transposed ``kernel`` [classes, features] and
-    ``bias``, in place; ``sums`` gets :data:`_SUMS`."""
-    classes, features = kernel.shape
-    slots = indices.shape[1]
-    start_kernel, start_bias = kernel.copy(), bias.copy()
-    errors = np.zeros((slots, classes), np.float32)
-    step_sum = np.zeros(features, np.float32)
-    for step in range(num_steps):
-        count = np.float32(0.0)
-        for i in range(slots):
-            count += mask[step, i]
-        if count == 0:
-            continue
-        divisor = max(count, np.float32(1.0))
-        loss_total = np.float32(0.0)
-        correct = np.float32(0.0)
-        for i in range(slots):
-            weight = mask[step, i]
-            errors[i, :] = 0
-            if weight == 0:
-                continue
-            row = indices[step, i]
-            label = labels[row]
-            loss, best = _forward(x[row], label, kernel, bias, errors[i])
-            loss_total += loss * weight
-            if best == label:
-                correct += weight
-            if 0 <= label < classes:
-                errors[i, label] -= 1
-            for k in range(classes):
-                errors[i, k] = errors[i, k] * weight / divisor
-        for k in range(classes):
-            step_sum[:] = 0
-            bias_gradient = np.float32(0.0)
-            for i in range(slots):
-                if mask[step, i] != 0:
-                    error = errors[i, k]
-                    bias_gradient += error
-                    example = x[indices[step, i]]
-                    for d in range(features):
-                        step_sum[d] += error * example[d]
-            if proximal != 0:
-                for d in range(features):
-                    step_sum[d] += proximal * (kernel[k, d] - start_kernel[k, d])
-                bias_gradient += proximal * (bias[k] - start_bias[k])
-            for d in range(features):
-                kernel[k, d] -= rate * step_sum[d]
-            bias[k] -= rate * bias_gradient
-        sums[0] += loss_total / divisor * count
-        sums[1] += count
-        sums[2] += 1
-        sums[3] += correct
-        sums[4] += count
-
-
-@_jit
-def _train_group(
-    x: Any,
-    labels: Any,
-    indices: Any,
-    mask: Any,
-    num_steps: int,
-    kernel: Any,
-    bias: Any,
-    rate: float,
-    proximal: float,
-) -> tuple[Any, Any, Any, Any]:
-    """Every client's deltas (``start - trained``: kernels transposed), finiteness and
-    :data:`_SUMS`, from the shared start ``kernel`` (transposed) and ``bias``."""
-    clients = x.shape[0]
-    kernel_deltas = np.empty((clients, *kernel.shape), np.float32)
-    bias_deltas = np.empty((clients, bias.shape[0]), np.float32)
-    finite = np.ones(clients, np.bool_)
-    sums = np.zeros((clients, len(_SUMS)), np.float32)
-    for c in range(clients):
-        trained_kernel, trained_bias = kernel.copy(), bias.copy()
-        _train_client(
-            x[c], labels[c], indices[c], mask[c], num_steps,
-            trained_kernel, trained_bias, rate, proximal, sums[c],
-        )  # fmt: skip
-        kernel_deltas[c] = kernel - trained_kernel
-        bias_deltas[c] = bias - trained_bias
-        finite[c] = np.isfinite(kernel_deltas[c]).all() and np.isfinite(bias_deltas[c]).all()
-    return kernel_deltas, bias_deltas, finite, sums
 
 
 def _fold_graph(
@@ -187,7 +49,7 @@ def _fold_graph(
 
 
 def softmax_layer(model: FunctionalModel) -> bool:
-    """Whether ``model`` is a softmax regression this loop computes: float32 layers,
+    """Whether ``model`` is a softmax regression the compiled loop trains: float32 layers,
     an optional ``Flatten``/``Reshape`` to a vector, a ``Dense`` layer with a bias and
     no regularizer, one softmax (its activation or a ``Softmax`` layer) unless the loss
     takes logits, sparse categorical cross-entropy, no metric but the default accuracy."""
@@ -205,8 +67,9 @@ def softmax_layer(model: FunctionalModel) -> bool:
     plain = (
         dense.use_bias
         and activation in ("linear", "softmax")
-        and not any(isinstance(layer, keras.layers.Dense) and layer.lora_enabled for layer in layers)
-        and all(r is None for r in (dense.kernel_regularizer, dense.bias_regularizer))
+        and not dense.lora_enabled
+        and dense.kernel_regularizer is None
+        and dense.bias_regularizer is None
         and dense.activity_regularizer is None
         and all(type(layer) is keras.layers.Softmax and layer.axis == -1 for layer in rest)
         and all(w.dtype == "float32" for w in model.model.weights)
@@ -215,7 +78,8 @@ def softmax_layer(model: FunctionalModel) -> bool:
     )
     loss_fits = (
         type(loss) is keras.losses.SparseCategoricalCrossentropy
-        and loss._fn_kwargs == {
+        and loss._fn_kwargs
+        == {
             "from_logits": loss._fn_kwargs.get("from_logits"),
             "ignore_class": None,
             "axis": -1,
@@ -236,9 +100,10 @@ def softmax_group_update(
     aggregator: ModelAggregator,
 ) -> SoftmaxGroupUpdate | None:
     """The group update of :func:`~programlogic.learning._client_update.train_group_graph`
-    with these arguments as a Numba loop, or None where it does not apply (no Numba, a
-    model :func:`softmax_layer` rejects, a client optimizer other than momentum-free SGD)."""
-    if numba is None or not softmax_layer(model):
+    with these arguments as the compiled loop, or None where it does not apply (the
+    extension not built, a model :func:`softmax_layer` rejects, a client optimizer
+    other than SGD without momentum)."""
+    if _softmax_kernel is None or not softmax_layer(model):
         return None
     if type(optimizer) is not SGD or optimizer.momentum != 0.0:
         return None
@@ -262,9 +127,7 @@ class SoftmaxGroupUpdate:
         self._rate = np.float32(learning_rate)
         self._proximal = np.float32(proximal_strength)
         self._metric_names = [name for metric in model.metrics for name in metric.state_names()]
-        self._fold = CompiledFunction(
-            functools.partial(_fold_graph, aggregator, client_weighting)
-        )
+        self._fold = CompiledFunction(functools.partial(_fold_graph, aggregator, client_weighting))
 
     def __call__(
         self, trainable: list[Any], non_trainable: list[Any], group: ClientGroup, params: Any
@@ -272,10 +135,15 @@ class SoftmaxGroupUpdate:
         kernel, bias = trainable
         clients, examples = group.x.shape[:2]
         x = np.ascontiguousarray(group.x.reshape(clients, examples, -1), dtype=np.float32)
-        labels = np.asarray(group.y).reshape(clients, examples).astype(np.int64)
+        if math.prod(group.y.shape[2:]) != 1:
+            raise ValueError(
+                "a softmax regression with sparse categorical cross-entropy takes one class "
+                f"index an example, got labels of shape {group.y.shape[2:]} each"
+            )
+        labels = group.y.reshape(clients, examples).astype(np.int64)
         filled = np.flatnonzero((group.mask > 0).any(axis=(0, 2)))
         num_steps = int(filled[-1]) + 1 if len(filled) else 0
-        kernel_deltas, bias_deltas, finite, client_sums = _train_group(
+        kernel_deltas, bias_deltas, finite, client_sums = _softmax_kernel.train_group(
             x,
             labels,
             np.ascontiguousarray(group.indices, dtype=np.int64),
@@ -287,8 +155,8 @@ class SoftmaxGroupUpdate:
             self._proximal,
         )
         deltas = [np.ascontiguousarray(kernel_deltas.transpose(0, 2, 1)), bias_deltas]
-        named = dict(zip(_SUMS, client_sums.T, strict=True))
-        sums = {name: named[name] for name in _SUMS[:3]}
+        named = dict(zip(_softmax_kernel.SUMS, client_sums.T, strict=True))
+        sums = {name: named[name] for name in ("loss_sum", "num_examples", "num_batches")}
         if self._metric_names:
             sums.update(zip(self._metric_names, (named["correct"], named["weighed"]), strict=True))
         partial = self._fold(params, deltas, finite, sums["num_examples"])

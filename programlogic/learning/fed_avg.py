@@ -256,7 +256,7 @@ class WeightedFedAvg(GroupedProcess):
         return updates
 
     def _compile(self) -> Callable[..., Any]:
-        # A softmax regression trained with plain SGD runs as a Numba loop instead of
+        # A softmax regression trained with plain SGD runs as a compiled C loop instead of
         # the traced graph (see programlogic.learning._softmax_update).
         graph, config = self._group_graph()
         update = softmax_group_update(self.model, *config) if graph is train_group_graph else None

@@ -580,14 +580,15 @@ def made_on_a_worker_thread(trace: tracemalloc.Trace) -> bool:
 
 
 async def test_the_round_sum_of_client_deltas_is_made_off_the_event_loop_thread() -> None:
-    # One worker and groups of one: the worker trains the third client after it added
-    # the first client's delta to the round's sum, so the sum (a kernel-sized float64
-    # array) is alive when the third client's data loads; that loader looks which
-    # thread allocated it.
+    # One worker and groups of one: the worker trains the fourth client after it added
+    # the first client's delta to the round's sum (the first group is added once the
+    # second is in, and a worker takes at most the next group's training before it), so
+    # the sum (a kernel-sized float64 array) is alive when the fourth client's data
+    # loads; that loader looks which thread allocated it.
     process = wide_process()
     start = process.initialize()
     kernel_bytes = WIDE_FEATURES * WIDE_CLASSES * np.dtype(np.float64).itemsize
-    datas = [wide_client(count, seed) for seed, count in enumerate((5, 9, 12))]
+    datas = [wide_client(count, seed) for seed, count in enumerate((5, 9, 12, 7))]
     round_sums: list[tracemalloc.Trace] = []
 
     def load_and_look(data: ClientArrays) -> ClientArrays:
@@ -597,8 +598,8 @@ async def test_the_round_sum_of_client_deltas_is_made_off_the_event_loop_thread(
         return data
 
     clients = [
-        *handles({"0": datas[0], "1": datas[1]}),
-        ClientHandle("2", functools.partial(load_and_look, datas[2])),
+        *handles({"0": datas[0], "1": datas[1], "2": datas[2]}),
+        ClientHandle("3", functools.partial(load_and_look, datas[3])),
     ]
     async with LocalContext(max_workers=1):
         warm = await process.next(start, clients)  # traced and compiled before tracemalloc runs
