@@ -16,8 +16,11 @@ the clients ``clients`` (a slice of the data's leading axis) for one round.
   over steps, gradients by ``tf.GradientTape`` through the Keras model: the shape of
   the library's compiled client loop, without its gathering and metrics.
 - ``keras_map`` (any model): the same with ``tf.map_fn`` over clients, one at a time.
+- ``c_loop``: the library's compiled C loop of the softmax regression
+  (``programlogic.learning._softmax_kernel``), client after client, each client's steps
+  in one call; its batches index the examples in order, every slot real.
 
-The first four are the softmax layer's math written by hand (zero start weights, as
+The first four and ``c_loop`` are the softmax layer's math written by hand (zero start weights, as
 the tutorial's); the last two take the model from ``programlogic.learning.models``.
 """
 
@@ -185,11 +188,36 @@ def build_keras(data: dict[str, Any], steps: int, batch: int, model: Any, over_c
     return run
 
 
+def build_c_loop(data: dict[str, Any], steps: int, batch: int) -> Run:
+    from programlogic.learning import _softmax_kernel
+
+    x, labels = data["x"], data["labels"].astype(np.int64)
+    n, m, features = x.shape
+    classes = data["y"].shape[2]
+    per_epoch = m // batch
+    order = np.arange(per_epoch * batch, dtype=np.int64).reshape(per_epoch, batch)
+    indices = np.ascontiguousarray(
+        np.broadcast_to(np.tile(order, (-(-steps // per_epoch), 1))[:steps], (n, steps, batch))
+    )
+    mask = np.ones((n, steps, batch), np.float32)
+    kernel, bias = np.zeros((classes, features), np.float32), np.zeros(classes, np.float32)
+
+    def run(clients: slice) -> Any:
+        kernel_deltas, bias_deltas, _, _ = _softmax_kernel.train_group(
+            x[clients], labels[clients], indices[clients], mask[clients], steps,
+            kernel, bias, LEARNING_RATE, 0.0,
+        )  # fmt: skip
+        return kernel_deltas.mean(axis=0), bias_deltas.mean(axis=0)
+
+    return run
+
+
 SOFTMAX_FORMULATIONS: dict[str, Callable[..., Run]] = {
     "numpy": build_numpy,
     "xla_matmul": functools.partial(build_xla, product="matmul", unroll=False),
     "xla_bmr": functools.partial(build_xla, product="bmr", unroll=False),
     "xla_unrolled": functools.partial(build_xla, product="matmul", unroll=True),
+    "c_loop": build_c_loop,
 }
 """The hand-written formulations of the softmax layer: ``build(data, steps, batch)``."""
 

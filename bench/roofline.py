@@ -162,7 +162,7 @@ def round_timer(run: Run, clients: int, split: int, pool: ThreadPoolExecutor) ->
 
 
 def default_formulations(model: str, unrolled: bool = False) -> list[str]:
-    softmax = ["numpy", "xla_matmul", "xla_bmr"] + (["xla_unrolled"] if unrolled else [])
+    softmax = ["numpy", "xla_matmul", "xla_bmr", "c_loop"] + (["xla_unrolled"] if unrolled else [])
     return softmax + list(KERAS_FORMULATIONS) if model == "softmax" else list(KERAS_FORMULATIONS)
 
 
@@ -221,7 +221,7 @@ def measure(
     }
 
 
-QUICK_FORMULATIONS = ("numpy", "xla_matmul", "xla_bmr", "keras_vmap")
+QUICK_FORMULATIONS = ("numpy", "xla_matmul", "xla_bmr", "keras_vmap", "c_loop")
 """What ``fedavg_vs_tff.py`` times: the fastest at the tutorial's shapes, quick to compile."""
 
 

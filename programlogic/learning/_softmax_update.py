@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from programlogic.learning._tensorflow import CompiledFunction, keras, tf
-from programlogic.learning.aggregators import ModelAggregator, Partial, fold_clients
+from programlogic.learning.aggregators import Mean, ModelAggregator, Partial, fold_clients
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import SGD, Optimizer
 
@@ -127,6 +127,8 @@ class SoftmaxGroupUpdate:
         self._rate = np.float32(learning_rate)
         self._proximal = np.float32(proximal_strength)
         self._metric_names = [name for metric in model.metrics for name in metric.state_names()]
+        self._mean = aggregator if type(aggregator) is Mean else None
+        self._uniform = client_weighting == "uniform"
         self._fold = CompiledFunction(functools.partial(_fold_graph, aggregator, client_weighting))
 
     def __call__(
@@ -159,5 +161,20 @@ class SoftmaxGroupUpdate:
         sums = {name: named[name] for name in ("loss_sum", "num_examples", "num_batches")}
         if self._metric_names:
             sums.update(zip(self._metric_names, (named["correct"], named["weighed"]), strict=True))
+        if self._mean is not None:
+            return self._fold_mean(deltas, finite, sums["num_examples"]), finite, sums
         partial = self._fold(params, deltas, finite, sums["num_examples"])
         return tf.nest.map_structure(np.asarray, partial), finite, sums
+
+    def _fold_mean(self, deltas: list[np.ndarray], finite: np.ndarray, examples: Any) -> Partial:
+        """:func:`~programlogic.learning.aggregators.fold_clients` into a :class:`Mean`,
+        in NumPy: the compiled fold's fixed cost was measured at a tenth of a group's."""
+        weights = np.asarray(examples, np.float64)
+        if self._uniform or not self._mean.weighted:
+            weights = (weights > 0).astype(np.float64)
+        weights = np.where(finite, weights, 0.0)
+        sums = []
+        for delta in deltas:
+            kept = np.where(finite.reshape(-1, *[1] * (delta.ndim - 1)), delta, 0)
+            sums.append(np.tensordot(weights, kept.astype(np.float64), axes=1))
+        return {"sum": sums, "weight": weights.sum()}
