@@ -1,7 +1,8 @@
 """The compiled part of programlogic: the softmax regression's local training loop.
 
-Everything else is in pyproject.toml. The extension is optional at run time: where it
-was not built, the learning processes trace the same update with TensorFlow instead.
+Everything else is in pyproject.toml. The extension is optional: where it could not be
+built (no C compiler), the install goes on and the learning processes trace the same
+update with TensorFlow instead.
 """
 
 from Cython.Build import cythonize
@@ -21,6 +22,8 @@ setup(
                     "programlogic/learning/_softmax_loop.c",
                 ],
                 extra_compile_args=FLAGS,
+                # Without a C compiler the install goes on without it.
+                optional=True,
             )
         ],
         compiler_directives={"language_level": 3},

@@ -19,12 +19,14 @@ one it runs; where the extension was not built, none is, and the traced graph ru
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any
 
 import numpy as np
 
-from programlogic.learning._tensorflow import CompiledFunction, keras, tf
+from programlogic.learning._grouped import shared_compiled
+from programlogic.learning._tensorflow import keras, tf
 from programlogic.learning.aggregators import Mean, ModelAggregator, Partial, fold_clients
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import SGD, Optimizer
@@ -35,6 +37,8 @@ except ImportError:  # pragma: no cover - an install that did not build the exte
     _softmax_kernel = None
 
 __all__ = ["SoftmaxGroupUpdate", "softmax_group_update", "softmax_layer"]
+
+_logger = logging.getLogger(__name__)
 
 
 def _fold_graph(
@@ -103,9 +107,14 @@ def softmax_group_update(
     with these arguments as the compiled loop, or None where it does not apply (the
     extension not built, a model :func:`softmax_layer` rejects, a client optimizer
     other than SGD without momentum)."""
-    if _softmax_kernel is None or not softmax_layer(model):
+    plain_sgd = type(optimizer) is SGD and optimizer.momentum == 0.0
+    if not (plain_sgd and softmax_layer(model)):
         return None
-    if type(optimizer) is not SGD or optimizer.momentum != 0.0:
+    if _softmax_kernel is None:
+        _logger.info(
+            "programlogic.learning._softmax_kernel was not built (no C compiler at "
+            "install?): the softmax regression trains in the slower traced graph"
+        )
         return None
     return SoftmaxGroupUpdate(
         model, optimizer.learning_rate, proximal_strength, client_weighting, aggregator
@@ -129,7 +138,10 @@ class SoftmaxGroupUpdate:
         self._metric_names = [name for metric in model.metrics for name in metric.state_names()]
         self._mean = aggregator if type(aggregator) is Mean else None
         self._uniform = client_weighting == "uniform"
-        self._fold = CompiledFunction(functools.partial(_fold_graph, aggregator, client_weighting))
+        self._fold = shared_compiled(
+            (_fold_graph, aggregator, client_weighting),
+            functools.partial(_fold_graph, aggregator, client_weighting),
+        )
 
     def __call__(
         self, trainable: list[Any], non_trainable: list[Any], group: ClientGroup, params: Any

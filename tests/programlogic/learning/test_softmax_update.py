@@ -227,3 +227,22 @@ async def test_a_run_without_the_extension_trains_the_model_the_loop_trains(
         assert loop_train.keys() == graph_train.keys()
         for name, value in graph_train.items():
             assert loop_train[name] == pytest.approx(value, rel=1e-5), name
+
+
+async def test_an_install_with_a_c_compiler_builds_the_loop() -> None:
+    # The development install (and CI's) compiles the extension; a user's install
+    # without a compiler goes on without it (setup.py: optional), into the graph.
+    assert _softmax_update._softmax_kernel is not None
+    assert isinstance(build_weighted_fed_avg(softmax_model)._compiled, SoftmaxGroupUpdate)
+
+
+async def test_without_the_extension_a_softmax_process_says_so_in_the_log(
+    monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(_softmax_update, "_softmax_kernel", None)
+    with caplog.at_level("INFO", logger="programlogic.learning._softmax_update"):
+        build_weighted_fed_avg(softmax_model, sgd(0.25))
+        assert "was not built" in caplog.text
+        caplog.clear()
+        build_weighted_fed_avg(softmax_model, adam(0.1))  # would not use it anyway
+    assert caplog.text == ""
