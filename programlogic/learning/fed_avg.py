@@ -98,10 +98,12 @@ class WeightedFedAvg(GroupedProcess):
 
     Client work runs through the current federated context, a group of clients at a
     time in one compiled, vectorized TensorFlow call (XLA): clients of unequal size are
-    padded with masked batches. That call also sums the group's weighted deltas (in
-    float64); the round adds the group sums, in group order, through the context's
-    ``run`` (off the event loop), so the sum is the same whichever group finished
-    first. Groups hold ``clients_per_group`` clients, or by default the round split
+    padded with masked batches. A softmax regression trained with SGD without momentum
+    runs the same update in a compiled C loop instead, where the install built it
+    (``programlogic.learning._softmax_update``). That call also sums the group's
+    weighted deltas (in float64); the round adds the group sums, in group order,
+    through the context's ``run`` (off the event loop), so the sum is the same whichever
+    group finished first. Groups hold ``clients_per_group`` clients, or by default the round split
     evenly over the context's ``parallelism`` (at most :data:`MAX_CLIENTS_PER_GROUP` a
     group). Each client's data is preprocessed where the work runs with the seed
     ``client_seed(seed, round, client_id)``, so for a fixed configuration a seed gives
