@@ -56,12 +56,13 @@ class _ClientUpdate:
 class _Totals:
     """The merged aggregation partial and the summed metrics of a round.
 
-    The last group's partial is held back (``last_group``) for the server step to merge.
+    The last groups' partials, up to one a worker, are held back (``held``, in group
+    order) for the server step to merge.
     """
 
     aggregator: ModelAggregator
     partial: Partial | None = None
-    last_group: Partial | None = None
+    held: list[Partial] = dataclasses.field(default_factory=list)
     sums: dict[str, float] = dataclasses.field(default_factory=dict)
     non_finite_clients: int = 0
     dropped_clients: int = 0
@@ -78,11 +79,10 @@ class _Totals:
         self.partial = self.aggregator.merge(self.partial, partial)
 
     def merged(self) -> Partial | None:
-        """The round's partial, ``last_group`` merged in: model-sized NumPy work, for a
-        worker thread."""
-        if self.last_group is not None:
-            self.add_group(self.last_group)
-            self.last_group = None
+        """The round's partial, the ``held`` ones merged in: model-sized NumPy work, for
+        a worker thread."""
+        while self.held:
+            self.add_group(self.held.pop(0))
         return self.partial
 
 
@@ -205,12 +205,13 @@ class WeightedFedAvg(GroupedProcess):
         async def add_groups() -> None:
             # One group at a time, in client order: worker threads take the calls in
             # the order given, so at most the groups computing meanwhile wait here. The
-            # last group is merged by the server step, in the same hand-off to a thread.
+            # last groups, one a worker (those that finish together), are merged by the
+            # server step, in the same hand-off to a thread.
             async with receive:
                 async for group in receive:
-                    if totals.last_group is not None:
-                        await context.run(totals.add_group, totals.last_group)
-                    totals.last_group = group
+                    if len(totals.held) == context.parallelism:
+                        await context.run(totals.add_group, totals.held.pop(0))
+                    totals.held.append(group)
 
         with count_dropped_clients() as dropped:
             async with task_group() as tasks:
