@@ -59,7 +59,9 @@ def softmax_layer(model: FunctionalModel) -> bool:
     takes logits, sparse categorical cross-entropy, no metric but the default accuracy."""
     layers = list(model.model.layers)
     if layers and isinstance(layers[0], keras.layers.Flatten | keras.layers.Reshape):
-        if len(layers[0].output.shape) != 2:
+        # A channels-first Flatten moves the channels first: not the examples' own order.
+        flat = getattr(layers[0], "data_format", "channels_last") == "channels_last"
+        if len(layers[0].output.shape) != 2 or not flat:
             return False
         layers = layers[1:]
     if not layers or type(layers[0]) is not keras.layers.Dense:

@@ -61,6 +61,17 @@ def regularized_model() -> keras.Model:
     )
 
 
+def channels_first_model() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((2, FEATURES // 2, 1)),
+            keras.layers.Flatten(data_format="channels_first"),
+            keras.layers.Dense(CLASSES),
+            keras.layers.Softmax(),
+        ]
+    )
+
+
 MODELS = {
     "softmax layer": (softmax_model, None),
     "softmax activation": (softmax_activation_model, None),
@@ -176,11 +187,21 @@ async def test_one_hot_labels_are_refused_with_their_shape() -> None:
         functools.partial(build_weighted_fed_avg, softmax_model, sgd(0.1, momentum=0.5)),
         functools.partial(build_weighted_fed_avg, softmax_model, adam(0.1)),
         functools.partial(build_weighted_fed_avg, regularized_model, sgd(0.1)),
+        functools.partial(build_weighted_fed_avg, channels_first_model, sgd(0.1)),
         functools.partial(build_weighted_fed_avg, softmax_model, sgd(0.1), metrics=("accuracy",)),
         functools.partial(build_weighted_fed_avg, softmax_model, sgd(0.1), loss="mse"),
         functools.partial(build_fed_sgd, softmax_model),
     ],
-    ids=["mlp", "momentum", "adam", "regularizer", "other metric", "other loss", "fed sgd"],
+    ids=[
+        "mlp",
+        "momentum",
+        "adam",
+        "regularizer",
+        "channels first",
+        "other metric",
+        "other loss",
+        "fed sgd",
+    ],
 )
 async def test_other_models_and_optimizers_train_in_the_traced_graph(build) -> None:
     assert isinstance(build()._compiled, CompiledFunction)
