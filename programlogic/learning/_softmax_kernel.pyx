@@ -2,11 +2,12 @@
 # cython: initializedcheck=False
 """Local SGD of a softmax regression, client by client, compiled at install.
 
-:func:`train_group` (its clients' loop in ``_softmax_loop.c``) is the loop of :mod:`programlogic.learning._softmax_update`: a group
-of clients, each from the same start weights, trained on its batches (``indices`` into
-its examples, ``mask`` marking the real slots) with the masked mean cross-entropy and
-plain SGD, a proximal term when ``proximal`` is nonzero. The kernel is held transposed,
-``[classes, features]``, so that both of a step's products run along contiguous rows.
+:func:`train_group` (each client's loop in ``_softmax_loop.c``) is the loop of
+:mod:`programlogic.learning._softmax_update`: a group of clients, each from the same
+start weights, trained on its batches (``indices`` into its examples, ``mask`` marking
+the real slots) with the masked mean cross-entropy and plain SGD, a proximal term when
+``proximal`` is nonzero. The kernel is held transposed, ``[classes, features]``, so that
+both of a step's products run along contiguous rows.
 """
 
 import numpy as np
@@ -52,8 +53,9 @@ def train_group(
     float rate,
     float proximal,
 ):
-    """Each client's deltas ``start - trained`` (kernels transposed, like ``kernel``),
-    whether they are finite, and its :data:`SUMS`, float32 ``[clients, 5]``.
+    """Each client's deltas ``start - trained`` (kernels in the model's ``[features,
+    classes]``, the transpose of ``kernel``), whether they are finite, and its
+    :data:`SUMS`, float32 ``[clients, 5]``.
 
     ``x`` float32 ``[clients, examples, features]``, ``labels`` int64 ``[clients,
     examples]``, ``indices`` int64 and ``mask`` float32 ``[clients, batches, slots]``;
@@ -61,14 +63,14 @@ def train_group(
     """
     cdef Py_ssize_t clients = x.shape[0], features = x.shape[2]
     cdef Py_ssize_t classes = kernel.shape[0], slots = indices.shape[2]
-    cdef Py_ssize_t c, j, size = classes * features
+    cdef Py_ssize_t c, j, k, d, size = classes * features
     if kernel.shape[1] != features or bias.shape[0] != classes:
         raise ValueError("the kernel must be [classes, features] and the bias [classes]")
     if not (labels.shape[0] == indices.shape[0] == mask.shape[0] == clients):
         raise ValueError("x, labels, indices and mask must hold the same clients")
     if num_steps > indices.shape[1] or indices.shape[1] != mask.shape[1]:
         raise ValueError("num_steps must be at most the batches of indices and mask")
-    kernel_deltas = np.empty((clients, classes, features), np.float32)
+    kernel_deltas = np.empty((clients, features, classes), np.float32)
     bias_deltas = np.empty((clients, classes), np.float32)
     finite = np.ones(clients, np.bool_)
     sums = np.zeros((clients, len(SUMS)), np.float32)
@@ -91,12 +93,11 @@ def train_group(
                 num_steps, classes, features, trained_kernel, trained_bias, &kernel[0, 0],
                 &bias[0], rate, proximal, errors, step_sum, &sums_out[c, 0],
             )
-            for j in range(size):
-                kernel_out[c, j // features, j % features] = (
-                    kernel[j // features, j % features] - trained_kernel[j]
-                )
-                if not isfinite(kernel_out[c, j // features, j % features]):
-                    finite_out[c] = 0
+            for k in range(classes):
+                for d in range(features):
+                    kernel_out[c, d, k] = kernel[k, d] - trained_kernel[k * features + d]
+                    if not isfinite(kernel_out[c, d, k]):
+                        finite_out[c] = 0
             for j in range(classes):
                 bias_out[c, j] = bias[j] - trained_bias[j]
                 if not isfinite(bias_out[c, j]):

@@ -170,7 +170,7 @@ class SoftmaxGroupUpdate:
             self._rate,
             self._proximal,
         )
-        deltas = [np.ascontiguousarray(kernel_deltas.transpose(0, 2, 1)), bias_deltas]
+        deltas = [kernel_deltas, bias_deltas]
         named = dict(zip(_softmax_kernel.SUMS, client_sums.T, strict=True))
         sums = {name: named[name] for name in ("loss_sum", "num_examples", "num_batches")}
         if self._metric_names:

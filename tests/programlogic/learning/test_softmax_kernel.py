@@ -79,7 +79,7 @@ async def test_each_client_trains_as_float64_numpy_does(group) -> None:
             group["mask"][client], group["steps"], group["kernel"], group["bias"],
             group["rate"], group["proximal"],
         )  # fmt: skip
-        np.testing.assert_allclose(kernel_deltas[client], group["kernel"] - kernel, atol=1e-4)
+        np.testing.assert_allclose(kernel_deltas[client], (group["kernel"] - kernel).T, atol=1e-4)
         np.testing.assert_allclose(bias_deltas[client], group["bias"] - bias, atol=1e-4)
         np.testing.assert_allclose(sums[client], expected_sums, rtol=1e-4, atol=1e-4)
 
