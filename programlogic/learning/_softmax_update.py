@@ -41,17 +41,6 @@ __all__ = ["SoftmaxGroupUpdate", "softmax_group_update", "softmax_layer"]
 _logger = logging.getLogger(__name__)
 
 
-def _fold_graph(
-    aggregator: ModelAggregator,
-    client_weighting: str,
-    params: dict[str, Any],
-    deltas: list[Any],
-    finite: Any,
-    num_examples: Any,
-) -> Partial:
-    return fold_clients(aggregator, params, deltas, finite, num_examples, client_weighting)
-
-
 def softmax_layer(model: FunctionalModel) -> bool:
     """Whether ``model`` is a softmax regression the compiled loop trains: float32 layers,
     an optional ``Flatten``/``Reshape`` to a vector, a ``Dense`` layer with a bias and
@@ -140,9 +129,10 @@ class SoftmaxGroupUpdate:
         self._metric_names = [name for metric in model.metrics for name in metric.state_names()]
         self._mean = aggregator if type(aggregator) is Mean else None
         self._uniform = client_weighting == "uniform"
+        # Called with (params, deltas, finite, num_examples).
         self._fold = shared_compiled(
-            (_fold_graph, aggregator, client_weighting),
-            functools.partial(_fold_graph, aggregator, client_weighting),
+            (fold_clients, aggregator, client_weighting),
+            functools.partial(fold_clients, aggregator, client_weighting=client_weighting),
         )
 
     def __call__(
@@ -166,7 +156,7 @@ class SoftmaxGroupUpdate:
             np.ascontiguousarray(group.mask, dtype=np.float32),
             num_steps,
             np.ascontiguousarray(np.asarray(kernel, np.float32).T),
-            np.asarray(bias, np.float32).copy(),
+            np.ascontiguousarray(bias, dtype=np.float32),
             self._rate,
             self._proximal,
         )
