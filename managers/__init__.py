@@ -10,6 +10,7 @@ from managers.clock import Clock, SystemClock
 from managers.exceptions import (
     AllVersionsDamagedError,
     ManagerError,
+    NewerFormatError,
     VersionError,
     VersionExistsError,
     VersionNotFoundError,
@@ -35,10 +36,11 @@ from managers.state import (
     FileProgramStateManager,
     MemoryProgramStateManager,
     ProgramStateManager,
+    Retention,
     StateDirectoryLockedError,
 )
 from managers.values import ValueReference, materialize
-from managers.writes import WriteBatch, WriteQueue
+from managers.writes import PreparedWrite, WriteBatch, WriteQueue
 
 __all__ = [
     "AllVersionsDamagedError",
@@ -55,10 +57,13 @@ __all__ = [
     "MemoryProgramStateManager",
     "MemoryReleaseManager",
     "ModelFileReleaseManager",
+    "NewerFormatError",
     "PeriodicReleaseManager",
+    "PreparedWrite",
     "ProgramStateManager",
     "ReleaseKey",
     "ReleaseManager",
+    "Retention",
     "SerializationError",
     "StateDirectoryLockedError",
     "SystemClock",

@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -16,7 +16,7 @@ from managers.clock import Clock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.values import materialize
-from managers.writes import WriteBatch
+from managers.writes import WriteBatch, preparer
 from programlogic.checkpoint import Checkpoint
 from programlogic.process import LearningProcess, as_async
 
@@ -35,7 +35,10 @@ class Cadence:
     at least ``interval`` has passed on ``clock`` since it (when given); and always the
     initial state, the last round and a round a stopping policy made the last.
 
-    ``saved_round`` and ``last_save`` are the newest checkpoint's round and time.
+    The training task decides, as each round's ``next`` returns, from the clock read
+    then (:meth:`decide`): which rounds are saved does not depend on when the persister
+    gets to them. ``saved_round`` and ``last_save`` are the newest saved round and the
+    clock's time when it was decided.
     """
 
     clock: Clock
@@ -50,37 +53,41 @@ class Cadence:
         """Whether every round is checkpointed."""
         return self.every == 1 and self.interval is None
 
-    def due(self, checkpoint: Checkpoint) -> bool:
-        """Whether ``checkpoint`` is saved."""
+    def decide(self, checkpoint: Checkpoint) -> None:
+        """Mark ``checkpoint`` saved or not (``save_due``), as of its ``trained_at``."""
+        now = checkpoint.trained_at
+        checkpoint.save_due = self._due(checkpoint, now)
+        if checkpoint.save_due:
+            self.saved(checkpoint.round_num, now)
+
+    def _due(self, checkpoint: Checkpoint, now: datetime.datetime) -> bool:
         round_num = checkpoint.round_num
-        if self.every_round or round_num == 0:
-            return True
-        if self.is_last(checkpoint):
+        if self.every_round or round_num == 0 or self.is_last(checkpoint):
             return True
         if round_num - self.saved_round < self.every:
             return False
-        return (
-            self.interval is None
-            or self.last_save is None
-            or (self.clock.now() - self.last_save >= self.interval)
-        )
+        if self.interval is None or self.last_save is None:
+            return True
+        return now - self.last_save >= self.interval
 
     def is_last(self, checkpoint: Checkpoint) -> bool:
         """Whether ``checkpoint``'s round is the last: the total's, or a stopped one."""
         return checkpoint.stop_reason is not None or checkpoint.round_num >= self.total_rounds
 
-    def saved(self, round_num: int) -> None:
-        """Round ``round_num`` is the newest checkpoint, as of now."""
+    def saved(self, round_num: int, when: datetime.datetime | None) -> None:
+        """Round ``round_num`` is the newest checkpoint, decided at ``when`` (now when
+        ``None``: a checkpoint written before the time was recorded)."""
         self.saved_round = round_num
-        self.last_save = self.clock.now()
+        self.last_save = when if when is not None else self.clock.now()
 
 
 @dataclasses.dataclass
 class Persister:
-    """Saves the checkpoints its cadence asks for, in order, and releases every round.
+    """Saves the checkpoints the cadence marked, in order, and releases every round.
 
-    A round's metrics go to ``metrics_manager`` with the round as key, and its
-    evaluation is started when it is due, after the round's save when it is saved.
+    A round's metrics go to ``metrics_manager`` with the round as key, after the
+    round's save, and its evaluation is started when it is due, after both.
+    ``settled_round`` is the newest round whose save (if any) is made.
     ``persisted_round`` is the newest round whose save (if any) and releases are done.
     """
 
@@ -94,54 +101,58 @@ class Persister:
     handed_round: int = -1
     _progress: anyio.Event = dataclasses.field(default_factory=anyio.Event)
     _writes: WriteBatch = dataclasses.field(default_factory=WriteBatch)
-    _gathered_rounds: int = 0
 
     async def persist(self, checkpoint: Checkpoint) -> None:
-        """Save ``checkpoint`` when the cadence asks for it, then make its releases.
+        """Save ``checkpoint`` when it is ``save_due``, then make its releases.
 
-        File managers' writes go through one :class:`~managers.writes.WriteBatch`: a
-        save is flushed at once (a worker-thread call that first makes the writes of the
-        releases gathered before it), and the releases a file manager gathers wait for
-        the next save's flush, or until more than ``cadence.every`` rounds' have
-        gathered; the last round's are flushed at once. A crash replays the rounds after
-        the newest save and makes their releases again; a manager that does not gather
-        writes releases at once, after the round's save is on disk.
+        Every save and release has been made when this returns. Write batching, for
+        speed: the managers that prepare their writes (``prepare_save`` /
+        ``prepare_release``, see :mod:`managers.writes`) hand them over, and the round's
+        prepared writes are made in one worker-thread call, the save's first; a manager
+        that does not prepare is awaited in turn, a release only once the save is made.
         """
         # Only what the process returned can hold value references.
         train_state, metrics = await materialize((checkpoint.train_state, checkpoint.metrics))
         saved = dataclasses.replace(checkpoint, train_state=train_state, metrics=metrics)
+        round_num = saved.round_num
         try:
-            if self.cadence.due(saved):
-                with self._writes.gathering():
-                    await self.state_manager.save(saved.to_saved(), saved.round_num)
-                await self._flush()
-                self.cadence.saved(saved.round_num)
-            self.settled_round = saved.round_num
-            self._notify()
-            if saved.round_num > 0 and self.metrics_manager is not None:
-                with self._writes.gathering():
-                    await self.metrics_manager.release(saved.metrics, saved.round_num)
-                self._gathered_rounds += 1
-            if self._gathered_rounds > self.cadence.every or self.cadence.is_last(saved):
-                await self._flush()
+            if saved.save_due:
+                await self._write(self.state_manager, "save", saved.to_saved(), round_num)
+            if round_num > 0 and self.metrics_manager is not None:
+                await self._write(self.metrics_manager, "release", saved.metrics, round_num)
+            await self._writes.flush()
         except BaseException:
             self._writes.drop()
             raise
+        self._settled(round_num)
         if saved.evaluation_due:
             await self.start_evaluation(saved)
-        self._persisted(saved.round_num)
+        self._persisted(round_num)
+
+    async def _write(self, manager: Any, method: str, value: Any, key: int) -> None:
+        """``manager.{method}(value, key)``, or its write prepared into the round's batch
+        when the manager prepares its writes.
+
+        A manager awaited in turn first has the writes prepared before it made: a
+        release never reaches a manager before the round's save is made.
+        """
+        prepare = preparer(manager, method)
+        if prepare is None:
+            await self._writes.flush()
+            await getattr(manager, method)(value, key)
+            return
+        write = await prepare(value, key)
+        if write is not None:
+            self._writes.add(write)
+
+    def _settled(self, round_num: int) -> None:
+        self.settled_round = round_num
+        self._notify()
 
     async def persist_each(self, checkpoints: MemoryObjectReceiveStream[Checkpoint]) -> None:
-        """Persist the checkpoints in the order they arrive, until the sending end closes.
-
-        Writes gathered for rounds after the newest checkpoint are dropped when this
-        ends early (a failure, a cancellation): the rerun makes them again.
-        """
-        try:
-            async for checkpoint in checkpoints:
-                await self.persist(checkpoint)
-        finally:
-            self._writes.drop()
+        """Persist the checkpoints in the order they arrive, until the sending end closes."""
+        async for checkpoint in checkpoints:
+            await self.persist(checkpoint)
 
     async def hand_over(
         self, to_persister: MemoryObjectSendStream[Checkpoint], checkpoint: Checkpoint
@@ -169,7 +180,7 @@ class Persister:
     async def release_again(self, checkpoint: Checkpoint) -> None:
         """Make the releases of ``checkpoint``, saved by an earlier run, once more."""
         self.settled_round = checkpoint.round_num
-        self.cadence.saved(checkpoint.round_num)
+        self.cadence.saved(checkpoint.round_num, checkpoint.trained_at)
         await self._release(checkpoint)
         self._persisted(checkpoint.round_num)
 
@@ -194,10 +205,6 @@ class Persister:
             await self.metrics_manager.release(checkpoint.metrics, checkpoint.round_num)
         if checkpoint.evaluation_due:
             await self.start_evaluation(checkpoint)
-
-    async def _flush(self) -> None:
-        self._gathered_rounds = 0
-        await self._writes.flush()
 
     def _persisted(self, round_num: int) -> None:
         self.persisted_round = round_num

@@ -15,12 +15,17 @@ does not read. The saved form of format version 1::
         "sampler": {...},                     # the data source iterator's describe()
         "per_round_clients": 10,
         "configuration": {"process": {...}, "data": {...}},   # absent before it existed
+        "trained_at_us": 1767225720123456,    # absent before it existed
     }
 
 Checkpoints written before stop reasons existed hold ``"stopped": True`` instead of a
 ``stop_reason``; they read as stopped for ``StopReason.EARLY_STOPPED``. Checkpoints
 written before the configuration was recorded (a compatible addition) read with
-``configuration`` ``None``: nothing of it is compared when they are resumed.
+``configuration`` ``None``: nothing of it is compared when they are resumed. Those
+written before ``trained_at_us`` (the clock's time, in Unix microseconds, when the
+round's ``next`` returned: the time the checkpoint cadence measures intervals from)
+read with ``trained_at`` ``None``: a resumed cadence then measures from the time of
+the resume.
 
 Changing the record:
 
@@ -38,6 +43,7 @@ Changing the record:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import Any
 
 from programlogic.exceptions import CheckpointFormatError, ResumeError
@@ -50,6 +56,8 @@ FORMAT_VERSION = 1
 
 READABLE_VERSIONS = (1,)
 """The format versions this code reads."""
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 # Keys without which a saved value was not written by train_model.
 _REQUIRED_KEYS = ("train_state", "round", "sampler", "per_round_clients")
@@ -68,6 +76,10 @@ class Checkpoint:
     ``evaluation_due``: whether the round is evaluated; ``last_evaluation``: when the
     latest evaluation up to this round started (Unix seconds), ``None`` before any;
     ``stop_reason``: why this round is the last, ``None`` while training goes on;
+    ``trained_at``: the clock's time when the round's ``next`` returned (the initial
+    state's: when training started), ``None`` in checkpoints written before it was
+    recorded; ``save_due``: whether ``train_model``'s checkpoint cadence saves this
+    round (decided in the training task; not stored: a stored checkpoint was saved);
     ``format_version``: :data:`FORMAT_VERSION`, also for a checkpoint read from an older
     format (``from_saved`` converts it).
     """
@@ -81,6 +93,8 @@ class Checkpoint:
     last_evaluation: int | None = None
     stop_reason: StopReason | None = None
     configuration: dict[str, Any] | None = None
+    trained_at: datetime.datetime | None = None
+    save_due: bool = dataclasses.field(default=True, compare=False)
     format_version: int = dataclasses.field(default=FORMAT_VERSION, init=False)
 
     @staticmethod
@@ -101,6 +115,7 @@ class Checkpoint:
             "sampler": self.sampler,
             "per_round_clients": self.per_round_clients,
             "configuration": self.configuration,
+            "trained_at_us": _microseconds(self.trained_at),
         }
 
     @classmethod
@@ -130,7 +145,20 @@ class Checkpoint:
             last_evaluation=evaluation.get("last_time"),
             stop_reason=_saved_stop_reason(saved),
             configuration=saved.get("configuration"),
+            trained_at=_from_microseconds(saved.get("trained_at_us")),
         )
+
+
+def _microseconds(when: datetime.datetime | None) -> int | None:
+    if when is None:
+        return None
+    return (when - _EPOCH) // datetime.timedelta(microseconds=1)
+
+
+def _from_microseconds(microseconds: Any) -> datetime.datetime | None:
+    if microseconds is None:
+        return None
+    return _EPOCH + datetime.timedelta(microseconds=int(microseconds))
 
 
 def _saved_stop_reason(saved: dict[str, Any]) -> StopReason | None:

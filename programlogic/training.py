@@ -129,24 +129,29 @@ async def train_model(
        ``clock``; the initial model and the last round are always evaluated).
 
     Steps 3-5 of a round overlap step 2 of the next round, but at most one save is in
-    flight and a round's releases follow its save. The initial state is saved as
+    flight and a round's releases follow its save. Saves and releases are made as
+    their managers promise, whoever wraps them: a round counts as saved once its
+    save's write is made, and a wrapper's ``save`` returns after the write it wraps.
+    Managers that prepare their writes (``prepare_save`` / ``prepare_release``; see
+    :mod:`managers.writes`) have a round's writes made in one worker-thread call. The
+    initial state is saved as
     version 0 before round 1 starts. After the last round ``n``, the final model weights
     are released to ``model_output_manager`` with key ``final_model_key(n)``, and
     ``train_model`` waits for the evaluations to finish.
 
-    Checkpoint cadence: with ``checkpoint_every=N`` a round is saved (step 3) only
-    ``N`` rounds after the last saved one, and with ``checkpoint_interval`` only once
-    that much time has passed on ``clock`` since the last save (both, when both are
-    given); the initial state, the last round and a round a stopping policy made the
-    last are always saved. Every round's metrics are still released (file managers
-    write them with the next checkpoint: see :class:`~managers.writes.WriteBatch`) and
-    its evaluation started. A crash loses the rounds after the newest checkpoint,
-    which a rerun computes again (sampling and randomness are functions of ``seed``
-    and the round) and releases again under the same keys: the outputs are those of an
-    uninterrupted run. That needs a context that replays rounds exactly
-    (``FederatedContext.replays_rounds``; not a ``RayContext`` with a
-    ``round_deadline``) and an ``int`` ``evaluation_periodicity``: otherwise a cadence
-    is refused with a ``ValueError``.
+    Checkpoint cadence: with ``checkpoint_every=N`` a round is saved (step 3) only ``N``
+    rounds after the last saved one, and with ``checkpoint_interval`` only once that much
+    time has passed on ``clock`` since the last save (both, when both are given); the
+    initial state, the last round and a round a stopping policy made the last are always
+    saved. Which rounds are saved is decided as each round's ``next`` returns, from
+    ``clock`` read then, and the time of the newest save is kept in the checkpoint, so a
+    resumed run measures the interval from it. Every round's metrics are still released and
+    its evaluation started. A crash loses the rounds after the newest checkpoint, which a
+    rerun computes again (sampling and randomness are functions of ``seed`` and the round)
+    and releases again under the same keys: the outputs are those of an uninterrupted run.
+    That needs a context that replays rounds exactly (``FederatedContext.replays_rounds``;
+    not a ``RayContext`` with a ``round_deadline``) and an ``int``
+    ``evaluation_periodicity``: otherwise a cadence is refused with a ``ValueError``.
 
     Early stopping: a ``stopping`` policy (:class:`~programlogic.stopping.StoppingPolicy`)
     is asked ``before_round(r + 1)`` once round ``r`` is trained, and
@@ -330,6 +335,7 @@ class _Program:
             logger.info("starting training from the initial state")
             checkpoint = self._checkpoint(initial_state, 0, None, last_evaluation=None)
             await self.stopper.before_round(checkpoint)
+            self.persister.cadence.decide(checkpoint)
             await self.persister.persist(checkpoint)
             return checkpoint
         logger.info("resuming training after round %d", loaded.round_num)
@@ -351,6 +357,7 @@ class _Program:
                 output.state, round_num, output.metrics, checkpoint.last_evaluation
             )
             await self.stopper.after_round(checkpoint)
+            self.persister.cadence.decide(checkpoint)
             await self.persister.hand_over(to_persister, checkpoint)
         return checkpoint
 
@@ -367,10 +374,11 @@ class _Program:
     def _checkpoint(
         self, state: Any, round_num: int, metrics: Any, last_evaluation: int | None
     ) -> Checkpoint:
-        """The checkpoint of ``round_num``; decides whether it is evaluated."""
+        """The checkpoint of ``round_num``, trained now; decides whether it is evaluated."""
+        trained_at = self.clock.now()
         due = False
         if self.evaluation_manager is not None:
-            now = int(self.clock.now().timestamp())
+            now = int(trained_at.timestamp())
             if round_num in (0, self.total_rounds):
                 due = True
             elif isinstance(self.periodicity, int):
@@ -391,6 +399,7 @@ class _Program:
             evaluation_due=due,
             last_evaluation=last_evaluation,
             configuration=self.configuration,
+            trained_at=trained_at,
         )
 
     async def _release_final(self, checkpoint: Checkpoint) -> None:

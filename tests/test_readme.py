@@ -163,10 +163,12 @@ async def test_the_batched_sink_example_writes_every_round_once_train_model_retu
     exec(compile(example, str(README), "exec"), namespace)
     path = tmp_path / "metrics.txt"
     sink = namespace["LinesReleaseManager"](path)
+    await sink.release(0.25, "direct")
+    assert path.read_text() == "direct 0.25\n"  # written when release returns
+    path.unlink()
     batch = WriteBatch()
-    with batch.gathering():
-        await sink.release(0.5, "probe")
-    assert not path.exists()  # queued, not written
+    batch.add(await sink.prepare_release(0.5, "probe"))
+    assert not path.exists()  # prepared, not written
     await batch.flush()
     assert path.read_text() == "probe 0.5\n"
     path.unlink()

@@ -10,8 +10,10 @@ looks like on disk.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -21,7 +23,7 @@ import anyio
 from managers._files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, check_key
 from managers.values import materialize
-from managers.writes import WriteQueue
+from managers.writes import PreparedWrite, WriteQueue
 
 __all__ = ["KeyedFile", "RecordFormat"]
 
@@ -81,10 +83,9 @@ class KeyedFile(Generic[Layout, Record]):
     record the layout holds is appended in one unfsynced write; anything else rewrites
     the file atomically. Releases may overlap: their writes are made one at a time, and
     the last call of a key wins among those that succeed. A failed release leaves the
-    other records as they were. Writes go through a :class:`~managers.writes.WriteQueue`,
-    so a :class:`~managers.writes.WriteBatch` can gather them; a gathered write that is
-    never made (a failure before it, a dropped batch) leaves its record in memory, and
-    the next release rewrites the file from memory. ``aclose`` closes the file; a later
+    other records as they were. Writes go through a :class:`~managers.writes.WriteQueue`;
+    :meth:`prepare` hands a release's write to a :class:`~managers.writes.WriteBatch`
+    instead of making it. ``aclose`` closes the file; a later
     release reads it again.
     """
 
@@ -98,6 +99,22 @@ class KeyedFile(Generic[Layout, Record]):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         """Write the record of ``value`` (materialized) under ``key``."""
+        async with self._prepared(value, key) as write:
+            if write is not None:
+                await write.make()
+
+    async def prepare(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
+        """The write of :meth:`release`, not made (``None`` when nothing is to be
+        written): the record is taken in memory now, and the file holds it once a
+        :class:`~managers.writes.WriteBatch` made the write. A prepared write that is
+        never made (dropped, or one before it failed) leaves the record in memory only,
+        and the next release rewrites the file with it."""
+        async with self._prepared(value, key) as write:
+            return write
+
+    @contextlib.asynccontextmanager
+    async def _prepared(self, value: Any, key: ReleaseKey) -> AsyncIterator[PreparedWrite | None]:
+        """Under the file's lock: the write of a release of ``value`` under ``key``."""
         check_key(key)
         self._calls += 1
         call = self._calls
@@ -112,13 +129,15 @@ class KeyedFile(Generic[Layout, Record]):
             row = self._rows.get(key)
             if row is not None:
                 if row.call > call:
-                    return  # a later release of this key has been written
+                    yield None  # a later release of this key has been written
+                    return
                 if row.record == record and not self._must_rewrite:
                     row.call = call
+                    yield None
                     return
             wider = self._format.widen(layout, record)
             if row is None and wider is layout and not self._must_rewrite:
-                await self._writes.submit(self._append, self._format.line(layout, key, record))
+                write = self._writes.prepare(self._append, self._format.line(layout, key, record))
             else:
                 records = [
                     (row_key, record if row_key == key else row.record)
@@ -127,9 +146,10 @@ class KeyedFile(Generic[Layout, Record]):
                 if key not in self._rows:
                     records.append((key, record))
                 self._must_rewrite = False  # unless the rewrite fails
-                await self._writes.submit(self._rewrite, wider, records)
+                write = self._writes.prepare(self._rewrite, wider, records)
                 self._layout = wider
             self._rows[key] = _Row(record, call)
+            yield write
 
     async def aclose(self) -> None:
         """Close the file and forget what was read from it."""

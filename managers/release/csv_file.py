@@ -17,6 +17,7 @@ from managers.release._keyed_file import KeyedFile, RecordFormat
 from managers.release.base import ReleaseKey, ReleaseManager
 from managers.structure import flatten
 from managers.validation import check_path, check_str
+from managers.writes import PreparedWrite
 
 __all__ = ["CSVFileReleaseManager"]
 
@@ -76,11 +77,11 @@ class CSVFileReleaseManager(ReleaseManager):
     parent directories are created.
 
     Releases may overlap; their writes are made one at a time, in worker threads (the event
-    loop is never blocked on the disk). Inside a :class:`~managers.writes.WriteBatch`'s
-    ``gathering`` a release checks its value and returns once its write is queued; the
-    batch's ``flush`` writes it. A gathered write that is never made (one before it failed,
-    its batch was dropped) leaves its row in memory, and the next release rewrites the
-    file with it. When releases of one key overlap, the last call
+    loop is never blocked on the disk). When ``release`` returns, its row is written.
+    :meth:`prepare_release` offers the same write, not made, for a
+    :class:`~managers.writes.WriteBatch`; a prepared write that is never made (one
+    before it failed, its batch was dropped) leaves its row in memory, and the next
+    release rewrites the file with it. When releases of one key overlap, the last call
     wins among those that succeed. A release that fails leaves the other rows as they were.
     ``aclose`` closes the file; a later release reads it again.
     """
@@ -97,6 +98,12 @@ class CSVFileReleaseManager(ReleaseManager):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         await self._file.release(value, key)
+
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
+        """The write of :meth:`release`, not made (``None`` when the file already holds
+        the row): checked and taken now, written when a
+        :class:`~managers.writes.WriteBatch` makes it."""
+        return await self._file.prepare(value, key)
 
     async def aclose(self) -> None:
         await self._file.aclose()

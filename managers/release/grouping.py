@@ -11,7 +11,7 @@ from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.validation import check_type, describe
 from managers.values import materialize
-from managers.writes import is_gathering
+from managers.writes import PreparedWrite, preparer, together
 
 __all__ = ["GroupingReleaseManager"]
 
@@ -22,11 +22,13 @@ class GroupingReleaseManager(ReleaseManager):
     The value is materialized once and each manager receives the same plain value (so
     managers must not mutate it). The releases run concurrently in one anyio task group;
     a manager that fails does not cancel the others, so when ``release`` raises, the
-    healthy managers hold the value. Inside a :class:`~managers.writes.WriteBatch`'s
-    ``gathering`` (where file managers only queue their writes) they run one after
-    another instead, in the order of ``managers``, each to its end. Then every failure is
-    raised: a single one as itself, several as an ``ExceptionGroup`` in the order of
-    ``managers``.
+    healthy managers hold the value. Then every failure is raised: a single one as
+    itself, several as an ``ExceptionGroup`` in the order of ``managers``.
+
+    :meth:`prepare_release` batches what can be batched: the managers that prepare
+    their writes (file sinks) prepare them, the others release at once, and the write
+    returned makes the prepared ones, each whatever the others did, then raises every
+    failure as ``release`` does.
 
     Idempotent by key as far as its managers are. When releases of one key overlap, the
     last call wins: a call whose value is ready only after a later call of the same key
@@ -65,6 +67,45 @@ class GroupingReleaseManager(ReleaseManager):
                     f"release key {key!r}",
                 )
 
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite:
+        """The release of ``value`` under ``key`` as a write for a
+        :class:`~managers.writes.WriteBatch`: the managers that prepare their writes
+        prepare them, the others release now (concurrently); the write returned makes
+        the prepared ones and raises every failure, those of the others included."""
+        check_key(key)
+        parts: list[PreparedWrite | Exception | None] = [None] * len(self._managers)
+        with self._order.call(key) as ticket:
+            plain = await materialize(value)
+            async with ticket.lock:
+                if ticket.hand_on():
+                    await self._prepare_all(plain, key, parts)
+        return together(parts, lambda errors: _combined(errors, len(parts), f"release key {key!r}"))
+
+    async def _prepare_all(
+        self, value: Any, key: ReleaseKey, parts: list[PreparedWrite | Exception | None]
+    ) -> None:
+        """Fill ``parts``: each manager's prepared write, ``None``, or its failure."""
+        released = []
+        for index, manager in enumerate(self._managers):
+            prepare = preparer(manager, "release")
+            if prepare is None:
+                released.append(index)
+                continue
+            try:
+                parts[index] = await prepare(value, key)
+            except Exception as error:
+                parts[index] = error
+
+        async def release(index: int) -> None:
+            try:
+                await self._managers[index].release(value, key)
+            except Exception as error:  # kept, so that the siblings are not cancelled
+                parts[index] = error
+
+        async with anyio.create_task_group() as group:
+            for index in released:
+                group.start_soon(release, index)
+
     async def aclose(self) -> None:
         await _run_all([manager.aclose for manager in self._managers], "close")
 
@@ -83,21 +124,18 @@ async def _run_all(operations: list[Callable[[], Awaitable[None]]], action: str)
         except Exception as error:  # kept, so that the siblings are not cancelled
             failures[index] = error
 
-    if is_gathering():
-        # File managers only queue their writes here: no release waits on the disk, and
-        # running them one after another spares a task each.
-        for index in range(len(operations)):
-            await run(index)
-    else:
-        async with anyio.create_task_group() as group:
-            for index in range(1, len(operations)):
-                group.start_soon(run, index)
-            if operations:
-                await run(0)
+    async with anyio.create_task_group() as group:
+        for index in range(1, len(operations)):
+            group.start_soon(run, index)
+        if operations:
+            await run(0)
     errors = [error for error in failures if error is not None]
-    if len(errors) == 1:
-        raise errors[0]
     if errors:
-        raise ExceptionGroup(
-            f"{len(errors)} of {len(operations)} release managers failed to {action}", errors
-        )
+        raise _combined(errors, len(operations), action)
+
+
+def _combined(errors: list[Exception], total: int, action: str) -> Exception:
+    """A single failure as itself; several as an ExceptionGroup in the managers' order."""
+    if len(errors) == 1:
+        return errors[0]
+    return ExceptionGroup(f"{len(errors)} of {total} release managers failed to {action}", errors)

@@ -14,6 +14,7 @@ from managers.release._keyed_file import KeyedFile, RecordFormat
 from managers.release.base import ReleaseKey, ReleaseManager
 from managers.structure import flatten
 from managers.validation import check_path
+from managers.writes import PreparedWrite
 
 __all__ = ["JSONLinesReleaseManager"]
 
@@ -61,8 +62,9 @@ class JSONLinesReleaseManager(ReleaseManager):
     Releases may overlap; their writes are made one at a time, in worker threads (the event
     loop is never blocked on the disk). When releases of one key overlap, the last call
     wins among those that succeed. A release that fails leaves the other lines as they
-    were. Inside a :class:`~managers.writes.WriteBatch`'s ``gathering`` a release returns
-    once its write is queued, as :class:`~managers.CSVFileReleaseManager`'s does.
+    were. When ``release`` returns, its line is written; :meth:`prepare_release` offers
+    the write for a :class:`~managers.writes.WriteBatch`, as
+    :class:`~managers.CSVFileReleaseManager`'s does.
     ``aclose`` closes the file; a later release reads it again.
     """
 
@@ -77,6 +79,12 @@ class JSONLinesReleaseManager(ReleaseManager):
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
         await self._file.release(value, key)
+
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
+        """The write of :meth:`release`, not made (``None`` when the file already holds
+        the row): checked and taken now, written when a
+        :class:`~managers.writes.WriteBatch` makes it."""
+        return await self._file.prepare(value, key)
 
     async def aclose(self) -> None:
         await self._file.aclose()

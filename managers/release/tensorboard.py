@@ -21,7 +21,7 @@ from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import flatten
 from managers.validation import check_path
 from managers.values import materialize
-from managers.writes import WriteQueue
+from managers.writes import PreparedWrite, WriteQueue
 
 __all__ = ["TensorBoardReleaseManager"]
 
@@ -91,12 +91,12 @@ class TensorBoardReleaseManager(ReleaseManager):
     Releases are written one at a time, in the order ``release`` was called (value
     references are materialized in that order too). All writing, including opening and
     closing the file and computing histograms, runs in a worker thread. A cancelled
-    release either wrote all its points or none of them. Inside a
-    :class:`~managers.writes.WriteBatch`'s ``gathering`` a release is only queued: the
-    batch's ``flush`` writes it, and raises its errors (those above included); a gathered
-    release that is never written (a write before it failed, its batch was dropped) is
-    lost to the file. ``aclose`` (or ``async with``) closes the file; a release after it
-    raises ``RuntimeError``.
+    release either wrote all its points or none of them. When ``release`` returns, its
+    points are written. :meth:`prepare_release` offers the same write, not made, for a
+    :class:`~managers.writes.WriteBatch`, whose ``flush`` writes it and raises its errors
+    (those above included); a prepared release that is never written (a write before it
+    failed, its batch was dropped) is lost to the file. ``aclose`` (or ``async with``)
+    closes the file; a release after it raises ``RuntimeError``.
 
     Needs the ``tensorboard`` extra (tensorboardX): ``pip install 'programlogic[tensorboard]'``.
     """
@@ -133,6 +133,18 @@ class TensorBoardReleaseManager(ReleaseManager):
             self._check_open()
             plain = await materialize(value)
             await self._writes.submit(self._file.write, step, plain)
+
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite:
+        """The write of :meth:`release`, not made: the key is checked and the value
+        materialized now; a :class:`~managers.writes.WriteBatch` writes the points (or
+        raises what :meth:`release` would raise for its leaves)."""
+        step = _check_step(key)
+        if self._lock is None:
+            self._lock = anyio.Lock(fast_acquire=True)
+        async with self._lock:
+            self._check_open()
+            plain = await materialize(value)
+            return self._writes.prepare(self._file.write, step, plain)
 
     async def aclose(self) -> None:
         """Close the event file; later releases raise ``RuntimeError``."""

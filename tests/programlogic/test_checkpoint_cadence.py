@@ -147,17 +147,17 @@ async def train_to_files(root: Path, process: Any, every: int) -> Any:
 async def test_file_metrics_of_rounds_lost_to_a_crash_are_written_again_the_same(
     tmp_path: Path,
 ) -> None:
-    """The file writes of the rounds after a checkpoint wait for the next one; a crash
-    drops them and the rerun writes them: the files of an uninterrupted run."""
+    """Every round's release is written when it returns, saved round or not; the rerun
+    writes the rounds lost to the crash again: the files of an uninterrupted run."""
     pytest.importorskip("tensorboardX")  # the TFF environment's core run lacks it
     await train_to_files(tmp_path / "reference", FakeLearningProcess(), every=4)
     root = tmp_path / "crashed"
     process = CrashesOnce(7)
     with pytest.raises(SimulatedCrash):
         await train_to_files(root, process, every=4)
-    # Round 4's row waited for round 8's save; rounds 5 and 6 were not saved.
+    # Rounds 5 and 6 were released, not saved: the rerun trains and writes them again.
     rows = (root / "metrics.csv").read_text().splitlines()[1:]
-    assert [row.split(",")[0] for row in rows] == ["1", "2", "3"]
+    assert [row.split(",")[0] for row in rows] == ["1", "2", "3", "4", "5", "6"]
     result = await train_to_files(root, process, every=4)
     assert result.resumed_from == 4
     expected = (tmp_path / "reference" / "metrics.csv").read_text()
