@@ -10,8 +10,10 @@
      ├── StateDirectoryLockedError             another manager uses the state directory
      │                                         (managers.state.file)
      └── SerializationError                    stored bytes that cannot be decoded, or a
-                                               structure beyond the codec's limits
-                                               (managers.serialization)
+          │                                    structure beyond the codec's limits
+          │                                    (managers.serialization)
+          └── NewerFormatError                 bytes written by a newer version of the
+                                               codec: not damaged, unreadable here
 
 Errors raised by a value being released or saved (a leaf that cannot be stored, a
 failing value reference) and operating-system errors (a full disk) are not wrapped:
@@ -26,6 +28,7 @@ from typing import Any
 __all__ = [
     "AllVersionsDamagedError",
     "ManagerError",
+    "NewerFormatError",
     "SerializationError",
     "VersionError",
     "VersionExistsError",
@@ -70,3 +73,21 @@ class SerializationError(ManagerError):
     version, a checksum mismatch (damaged bytes) or a truncated payload; or a structure
     to encode or decode that is beyond the codec's limits (``MAX_DEPTH``,
     ``MAX_NODES``)."""
+
+
+class NewerFormatError(SerializationError):
+    """Data written in a newer format version of the codec than this code reads.
+
+    The data is not damaged: a newer programlogic reads it. A manager that skips or sets
+    aside damaged data (``load_latest``) therefore raises this error instead, leaving
+    the data in place. :attr:`found` is the data's format version, :attr:`readable` the
+    newest one this code reads.
+    """
+
+    def __init__(self, message: str, found: int, readable: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.readable = readable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.args[0], self.found, self.readable)

@@ -66,7 +66,7 @@ import numpy as np
 import orjson
 
 from managers._serialization_tree import ALIGN, MAX_DEPTH, MAX_NODES, ZEROS, decode, encode
-from managers.exceptions import SerializationError
+from managers.exceptions import NewerFormatError, SerializationError
 from managers.structure import reshape
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "HEADER_SIZE",
     "MAX_DEPTH",
     "MAX_NODES",
+    "NewerFormatError",
     "SerializationError",
     "dumps",
     "dumps_buffers",
@@ -140,7 +141,8 @@ def loads(data: bytes | bytearray | memoryview | np.ndarray, structure: Any = No
     Raises:
         SerializationError: ``data`` is not a payload of this codec, has an unknown
             format version, is truncated or damaged (its checksum does not match), or
-            holds a structure beyond :data:`MAX_DEPTH` or :data:`MAX_NODES`.
+            holds a structure beyond :data:`MAX_DEPTH` or :data:`MAX_NODES`; its subclass
+            :class:`NewerFormatError` when ``data`` is in a newer format version.
         ValueError: ``structure`` holds fewer or more leaves than the stored value.
     """
     view = memoryview(data).cast("B")
@@ -162,6 +164,8 @@ def payload_size(header: bytes | bytearray | memoryview) -> int:
     can be its payload before a buffer for it is allocated.
 
     Raises:
+        NewerFormatError: the payload is in a format version newer than
+            :data:`FORMAT_VERSION` (a SerializationError too).
         SerializationError: ``header`` is not the start of a payload of this codec (its
             magic bytes), is shorter than :data:`HEADER_SIZE` bytes, or has an unknown
             format version.
@@ -184,6 +188,13 @@ def payload_size(header: bytes | bytearray | memoryview) -> int:
             f"{HEADER_SIZE}-byte header"
         )
     _, version, _ = _HEADER.unpack_from(view)
+    if version > FORMAT_VERSION:
+        raise NewerFormatError(
+            f"the payload has format version {version}, newer than the format version "
+            f"{FORMAT_VERSION} this library reads: a newer programlogic wrote it, and reads it",
+            version,
+            FORMAT_VERSION,
+        )
     if version != FORMAT_VERSION:
         raise SerializationError(
             f"the payload has format version {version}, but this library reads version "

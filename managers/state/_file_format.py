@@ -13,17 +13,20 @@ import errno
 import io
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from managers._files import fsync_directory
-from managers.exceptions import AllVersionsDamagedError
+from managers.exceptions import AllVersionsDamagedError, ManagerError
 from managers.serialization import HEADER_SIZE, SerializationError, payload_size
 
 __all__ = [
     "all_damaged_error",
-    "is_regular_or_missing",
+    "hard_linked_error",
+    "hard_linked_version",
+    "is_single_file_or_missing",
     "read_version_file",
     "set_aside",
     "write_all",
@@ -109,13 +112,49 @@ def _read_payload(fd: int, size: int, path: Path) -> np.ndarray:
     return buffer
 
 
-def is_regular_or_missing(path: Path) -> bool:
-    """Whether ``path`` is a regular file itself (not a symbolic link to one), or nothing:
-    a name that a save may recycle or delete."""
+def is_single_file_or_missing(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a symbolic link to one) with no other
+    name (no hard link), or nothing: a name whose file a save may write into."""
     try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
+        info = os.lstat(path)
     except FileNotFoundError:
         return True
+    return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+
+
+def hard_linked_version(
+    path: Path, versions: Callable[[], dict[int, Path]]
+) -> tuple[int, Path] | None:
+    """The version and path among ``versions()`` (version -> path, listed only when
+    ``path`` has more than one link) that name the same file as ``path`` (a hard link),
+    or None; ``path`` itself is not compared."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink == 1:
+        return None
+    for version, other in versions().items():
+        if other == path:
+            continue
+        try:
+            other_info = os.lstat(other)
+        except FileNotFoundError:
+            continue
+        if (other_info.st_dev, other_info.st_ino) == (info.st_dev, info.st_ino):
+            return version, other
+    return None
+
+
+def hard_linked_error(version: int, path: Path, other: int, other_path: Path) -> ManagerError:
+    """The error of version ``version``, whose file at ``path`` is also version ``other``'s."""
+    newer = path if version > other else other_path
+    return ManagerError(
+        f"program state version {version} at {path} is hard-linked to version {other} at "
+        f"{other_path}: one file under two names, which holds the state of only one of the "
+        "two versions; delete the name of the version whose state it does not hold (the "
+        f"newer name, {newer}, when the older version was linked to it), then load again"
+    )
 
 
 def set_aside(path: Path) -> Path:

@@ -21,7 +21,17 @@ Whatever else is found at a version's name is damage that :meth:`load_latest` sk
 bytes that do not decode (a checksum mismatch, a size other than the header's, a tree
 beyond the codec's limits) and anything that is not a regular file (a FIFO, a device, a
 socket, a directory, a dangling or looping symbolic link), which is never read from nor
-waited on. A symbolic link to a regular file is followed.
+waited on. A symbolic link to a regular file is followed. A version written by a newer
+codec is not damage: loading it raises
+:class:`~managers.exceptions.NewerFormatError` and leaves it in place.
+
+Hard links: a backup made with hard links (``cp -al``, ``rsync --link-dest``) shares the
+version files with the directory. The manager never writes into a file that has another
+name: a retired version or a spare with more than one link is unlinked (its other names
+keep it as it was), and the save writes a new file. A version file that is also another
+version's (``ln program_state_2.plstate program_state_5.plstate``) holds one state under
+two versions: loading either raises :class:`~managers.exceptions.ManagerError` naming
+both files.
 """
 
 from __future__ import annotations
@@ -36,11 +46,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from managers._files import fsync_directory
-from managers.exceptions import ManagerError, VersionNotFoundError
+from managers.exceptions import ManagerError, NewerFormatError, VersionNotFoundError
 from managers.serialization import SerializationError, dumps_buffers, loads
 from managers.state._file_format import (
     all_damaged_error,
-    is_regular_or_missing,
+    hard_linked_error,
+    hard_linked_version,
+    is_single_file_or_missing,
     read_version_file,
     set_aside,
     write_all,
@@ -83,10 +95,14 @@ class FileProgramStateManager(ProgramStateManager):
             warning for each and return ``(None, 0)``.
 
     The directory is opened on the first call, off the event loop: the manager creates
-    it, takes an exclusive lock on it (a second manager on the same directory, in this
-    process or another, raises :class:`StateDirectoryLockedError`) and removes the
-    temporary files an interrupted save left. :meth:`aclose` releases the lock; a call
-    after it opens the directory again.
+    it, resolves its path (symbolic links followed, made absolute), takes an exclusive
+    lock on it (a second manager on the same directory, in this process or another,
+    raises :class:`StateDirectoryLockedError`) and removes the temporary files an
+    interrupted save left. Every call until :meth:`aclose` works in that resolved
+    directory, whose lock it holds: repointing a symbolic link on ``root_dir`` (or
+    changing the working directory, for a relative one) does not move an open manager
+    into another directory. :meth:`aclose` releases the lock; a call after it opens the
+    directory again, resolving ``root_dir`` anew.
 
     A directory this process cannot write (its mode, a read-only mount) is opened
     read-only: the manager takes a shared lock on its lock file when there is one
@@ -101,7 +117,12 @@ class FileProgramStateManager(ProgramStateManager):
     :class:`~managers.serialization.SerializationError` naming the file, and
     :meth:`load_latest` skips damaged versions for the newest one that loads, logs a
     warning naming each and renames it to ``{name}.unreadable`` (kept, no longer
-    listed), so the resumed program can save that version again.
+    listed), so the resumed program can save that version again. A version written by
+    a newer codec is not damaged: ``load`` and ``load_latest`` raise
+    :class:`~managers.exceptions.NewerFormatError` naming the file and leave it in
+    place. A version file hard-linked to another version's (one file, two versions)
+    makes them raise :class:`~managers.exceptions.ManagerError` naming both; retention
+    never writes into a file with another name, such as a backup's hard link.
 
     Each call runs in one worker thread (encode, write, fsync, rename, directory fsync
     and retention for a save); calls on one instance are serialized. A cancelled call
@@ -147,6 +168,7 @@ class FileProgramStateManager(ProgramStateManager):
             == "start_fresh"
         )
         self._root = root
+        self._directory = root  # root resolved when the manager opens it
         self._prefix = prefix
         self._keep_total = keep_total
         self._keep_first = keep_first
@@ -160,7 +182,12 @@ class FileProgramStateManager(ProgramStateManager):
 
     @property
     def root_dir(self) -> Path:
-        """The directory holding the versions."""
+        """The directory holding the versions, as given (not resolved).
+
+        While the manager is open it uses the directory this path resolved to when it
+        opened (see the class docstring), also if a symbolic link on the path was
+        repointed since; the next open, after :meth:`aclose`, resolves it again.
+        """
         return self._root
 
     async def save(self, state: Any, version: int) -> None:
@@ -202,25 +229,29 @@ class FileProgramStateManager(ProgramStateManager):
 
     def _open(self) -> None:
         self._root.mkdir(parents=True, exist_ok=True)
-        read_only = not is_writable(self._root)
+        # Resolved once: a symbolic link on the path repointed later does not move this
+        # manager, which holds this directory's lock, into another directory.
+        directory = self._root.resolve(strict=True)
+        read_only = not is_writable(directory)
         try:
-            fd = lock_directory(self._root, writable=not read_only)
+            fd = lock_directory(directory, writable=not read_only)
         except BlockingIOError:
             raise StateDirectoryLockedError(
-                f"the program-state directory {self._root} is in use by another manager; "
+                f"the program-state directory {directory} is in use by another manager; "
                 "one that writes a directory excludes every other: close the other one "
                 "first (`async with FileProgramStateManager(...)` or `await "
                 "manager.aclose()`), also when its program failed"
             ) from None
         if fd is not None:
             self._release_lock = weakref.finalize(self, os.close, fd)
+        self._directory = directory
         self._opened, self._read_only = True, read_only
         self._spares.clear()
         self._new_spares.clear()
         if read_only:
-            logger.info("opened the program-state directory %s read-only", self._root)
+            logger.info("opened the program-state directory %s read-only", directory)
             return
-        for entry in os.scandir(self._root):
+        for entry in os.scandir(directory):
             if entry.name.startswith(".") and _TEMPORARY_MARK in entry.name:
                 os.unlink(entry.path)
                 # A spare is what every closed manager leaves; anything else, a torn save.
@@ -230,12 +261,12 @@ class FileProgramStateManager(ProgramStateManager):
                 logger.log(level, "removed the %s %s, left by an earlier manager", what, entry.path)
 
     def _path(self, version: int) -> Path:
-        return self._root / f"{self._prefix}{version}{_SUFFIX}"
+        return self._directory / f"{self._prefix}{version}{_SUFFIX}"
 
     def _versions(self) -> list[int]:
         start, end = len(self._prefix), -len(_SUFFIX)
         found = []
-        for name in os.listdir(self._root):
+        for name in os.listdir(self._directory):
             if name.startswith(self._prefix) and name.endswith(_SUFFIX):
                 digits = name[start:end]
                 if digits.isascii() and digits.isdigit() and str(int(digits)) == digits:
@@ -244,7 +275,7 @@ class FileProgramStateManager(ProgramStateManager):
 
     def _check_writable(self, action: str) -> None:
         if self._read_only:
-            raise read_only_error(self._root, action)
+            raise read_only_error(self._directory, action)
 
     def _save(self, state: Any, version: int) -> None:
         self._check_writable(f"save program state version {version!r}")
@@ -266,19 +297,28 @@ class FileProgramStateManager(ProgramStateManager):
             temporary.unlink(missing_ok=True)
             self._drop_spares()  # a full disk is a likely cause: free their space too
             raise
-        fsync_directory(self._root)
+        fsync_directory(self._directory)
         self._spares.extend(self._new_spares)  # their renames are durable now
         self._new_spares.clear()
         self._retain([*versions, version], version)
 
     def _temporary_file(self, path: Path) -> tuple[Path, int]:
-        """A file to write ``path``'s next content into: a spare, or a new one."""
+        """A file to write ``path``'s next content into: a spare, or a new one.
+
+        A spare that has another name (a backup linked it after it was retired) is not
+        written into but unlinked: the other name keeps its content.
+        """
         while self._spares:
             spare = self._spares.pop()
             try:
-                return spare, os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+                fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue
+            if os.fstat(fd).st_nlink == 1:  # of what was opened, not of the name
+                return spare, fd
+            os.close(fd)
+            logger.debug("dropped the spare file %s, which has another name", spare)
+            spare.unlink(missing_ok=True)
         temporary = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         return temporary, os.open(temporary, flags, 0o644)
@@ -291,7 +331,9 @@ class FileProgramStateManager(ProgramStateManager):
         name) that later saves overwrite. A spare is written only after a directory
         fsync made its rename durable: a power cut then cannot bring back the old name
         over new content. Retirements are not fsynced themselves: one undone by a power
-        cut brings back a complete old version, which the next save retires again.
+        cut brings back a complete old version, which the next save retires again. A
+        version file with other names (hard links: a backup's, another version's) is
+        only unlinked, never made a spare: writing into it would change them.
         """
         if self._keep_total is None:
             return
@@ -305,7 +347,7 @@ class FileProgramStateManager(ProgramStateManager):
                 continue
             path = self._path(version)
             if len(self._spares) + len(self._new_spares) < _MAX_SPARES and (
-                is_regular_or_missing(path)  # never written into
+                is_single_file_or_missing(path)  # never written into
             ):
                 spare = path.with_name(f".retired_{path.name}.tmp-{secrets.token_hex(4)}")
                 with contextlib.suppress(FileNotFoundError):
@@ -336,6 +378,8 @@ class FileProgramStateManager(ProgramStateManager):
                 state = self._read(version, structure)
             except FileNotFoundError:
                 continue
+            except NewerFormatError:
+                raise  # not damage: a newer programlogic reads it
             except SerializationError as error:
                 damaged[version] = error.__cause__ or error
                 continue
@@ -343,18 +387,34 @@ class FileProgramStateManager(ProgramStateManager):
             return state, version
         if damaged and not self._start_fresh:
             paths = {version: self._path(version) for version in damaged}
-            raise all_damaged_error(self._root, paths, damaged)
+            raise all_damaged_error(self._directory, paths, damaged)
         self._skip(damaged)
         return None, 0
 
     def _read(self, version: int, structure: Any) -> Any:
         path = self._path(version)
         try:
-            return loads(read_version_file(path), structure)
+            state = loads(read_version_file(path), structure)
+        except NewerFormatError as error:
+            raise NewerFormatError(
+                f"cannot read program state version {version} from {path}: it is in format "
+                f"version {error.found} of the codec, newer than the format version "
+                f"{error.readable} this library reads; it is left in place: load it with a "
+                "newer programlogic, or move it away to resume from the versions before it",
+                error.found,
+                error.readable,
+            ) from error
         except SerializationError as error:
             raise SerializationError(
                 f"cannot read program state version {version} from {path}: {error}"
             ) from error
+        linked = hard_linked_version(path, self._version_paths)
+        if linked is not None:
+            raise hard_linked_error(version, path, *linked)
+        return state
+
+    def _version_paths(self) -> dict[int, Path]:
+        return {version: self._path(version) for version in self._versions()}
 
     def _skip(self, damaged: dict[int, BaseException]) -> None:
         """Log each damaged version, and move it aside when the directory is writable."""
@@ -372,7 +432,7 @@ class FileProgramStateManager(ProgramStateManager):
         if not os.path.lexists(self._path(version)):
             raise self._not_found(version)
         self._discard(self._path(version))
-        fsync_directory(self._root)
+        fsync_directory(self._directory)
 
     def _drop_spares(self) -> None:
         for path in [*self._spares, *self._new_spares]:
@@ -385,7 +445,7 @@ class FileProgramStateManager(ProgramStateManager):
         self._drop_spares()
         for version in self._versions():
             self._discard(self._path(version))
-        fsync_directory(self._root)
+        fsync_directory(self._directory)
 
     def _check_saved(self, version: object) -> None:
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
@@ -393,6 +453,6 @@ class FileProgramStateManager(ProgramStateManager):
 
     def _not_found(self, version: object) -> VersionNotFoundError:
         return VersionNotFoundError(
-            f"no program state is saved as version {version!r} in {self._root}; "
+            f"no program state is saved as version {version!r} in {self._directory}; "
             f"saved: {self._versions()}"
         )

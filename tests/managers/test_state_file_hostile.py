@@ -24,7 +24,7 @@ import crc32c
 import numpy as np
 import pytest
 
-from managers.exceptions import AllVersionsDamagedError, ManagerError
+from managers.exceptions import AllVersionsDamagedError, ManagerError, NewerFormatError
 from managers.serialization import MAX_DEPTH, MAX_NODES, SerializationError
 from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
 
@@ -513,3 +513,129 @@ async def test_all_versions_damaged_error_survives_pickling(tmp_path):
             await manager.load_latest()
     copy = pickle.loads(pickle.dumps(raised.value))
     assert copy.versions == [4] and str(copy) == str(raised.value)
+
+
+# Hard links and symbolic links: backups made with hard links, a repointed root.
+
+
+async def test_saves_never_write_into_the_versions_of_a_hard_linked_backup(tmp_path):
+    """``cp -al state backup`` (or ``rsync --link-dest``) while a run goes on: the backup
+    shares the version files, and the run's later saves must leave them as they were."""
+    root, backup = tmp_path / "state", tmp_path / "backup"
+    async with FileProgramStateManager(root, keep_total=2, keep_first=False) as manager:
+        for version in range(1, 5):
+            await manager.save(state_of(version), version)
+        shutil.copytree(root, backup, copy_function=os.link)  # what cp -al does
+        for version in range(5, 14):  # retirements recycle files as spares
+            await manager.save(state_of(version), version)
+        assert_loaded(await manager.load_latest(), 13)
+    async with FileProgramStateManager(backup) as restored:
+        versions = await restored.get_versions()
+        assert versions == [3, 4]
+        for version in versions:
+            assert_loaded((await restored.load(version), version), version)
+
+
+async def test_retention_never_writes_into_a_version_hard_linked_to_a_kept_one(tmp_path):
+    root = tmp_path / "state"
+    await save_versions(root, [0, 1, 2, 3, 4])
+    (root / name_of(5)).hardlink_to(root / name_of(1))  # `ln`: version 5 is version 1's file
+    linked = (root / name_of(5)).read_bytes()
+    options = {"keep_total": 1, "keep_first": False, "keep_every": 5}
+    async with FileProgramStateManager(root, **options) as manager:
+        for version in range(6, 10):  # retires 1 to 4 and 6 to 8; keeps 0 and 5
+            await manager.save(state_of(version), version)
+        assert await manager.get_versions() == [0, 5, 9]
+        assert_loaded((await manager.load(9), 9), 9)
+    assert (root / name_of(5)).read_bytes() == linked  # still version 1's state
+
+
+async def test_a_spare_linked_after_it_was_retired_is_not_written_into(tmp_path):
+    """A backup taken while the manager runs links its spare files too."""
+    root, backup = tmp_path / "state", tmp_path / "backup"
+    async with FileProgramStateManager(root, keep_total=1, keep_first=False) as manager:
+        for version in range(1, 5):
+            await manager.save(state_of(version), version)
+        spares = sorted(name for name in os.listdir(root) if name.startswith(".retired_"))
+        assert spares  # the test needs spares to exist now
+        backup.mkdir()
+        for name in spares:
+            os.link(root / name, backup / name)
+        contents = {name: (backup / name).read_bytes() for name in spares}
+        for version in range(5, 9):
+            await manager.save(state_of(version), version)
+        assert_loaded(await manager.load_latest(), 8)
+    assert {name: (backup / name).read_bytes() for name in spares} == contents
+
+
+async def test_a_version_hard_linked_to_another_is_refused_naming_both(tmp_path, caplog):
+    root = tmp_path / "state"
+    await save_versions(root, [0, 1, 2, 3, 4])
+    (root / name_of(5)).hardlink_to(root / name_of(2))  # version 5 holds round 2's state
+    async with FileProgramStateManager(root) as manager:
+        for load in (manager.load_latest, lambda: manager.load(5)):
+            with (
+                caplog.at_level(logging.WARNING, logger=LOGGER),
+                pytest.raises(ManagerError, match="hard-linked") as raised,
+            ):
+                await load()
+            message = str(raised.value)
+            assert str(root / name_of(5)) in message and str(root / name_of(2)) in message
+            assert "delete" in message
+        assert_loaded((await manager.load(4), 4), 4)
+    assert warnings_of(caplog) == []
+    assert not [name for name in os.listdir(root) if "unreadable" in name]  # nothing set aside
+
+
+async def test_a_repointed_symbolic_link_to_the_root_does_not_move_an_open_manager(tmp_path):
+    first, second, link = tmp_path / "first", tmp_path / "second", tmp_path / "current"
+    first.mkdir()
+    second.mkdir()
+    link.symlink_to(first.name)
+    manager = FileProgramStateManager(link)
+    try:
+        await manager.save(state_of(1), 1)
+        repointed = tmp_path / "current.new"
+        repointed.symlink_to(second.name)
+        os.replace(repointed, link)  # the link now names the second directory
+        async with FileProgramStateManager(second) as other:  # which has a lock of its own
+            await other.save(state_of(7), 7)
+            await manager.save(state_of(2), 2)
+            assert await manager.get_versions() == [1, 2]
+            assert_loaded(await manager.load_latest(), 2)
+            assert await other.get_versions() == [7]
+        assert manager.root_dir == link
+    finally:
+        await manager.aclose()
+    assert sorted(name for name in os.listdir(first) if name.endswith(".plstate")) == [
+        name_of(1),
+        name_of(2),
+    ]
+    async with manager:  # opened again: resolved again, to the second directory
+        assert await manager.get_versions() == [7]
+
+
+async def test_a_version_of_a_newer_codec_is_refused_and_left_in_place(tmp_path, caplog):
+    root = tmp_path / "state"
+    await save_versions(root, [1, 2])
+    newer = bytearray((root / name_of(2)).read_bytes())
+    struct.pack_into("<I", newer, 8, 2)  # the format version written by a newer codec
+    (root / name_of(3)).write_bytes(newer)
+    for _ in range(2):  # refused again on a rerun: nothing was moved
+        async with FileProgramStateManager(root, on_all_damaged="start_fresh") as manager:
+            for load in (manager.load_latest, lambda: manager.load(3)):
+                with (
+                    caplog.at_level(logging.WARNING, logger=LOGGER),
+                    pytest.raises(NewerFormatError, match="format version 2") as raised,
+                ):
+                    await load()
+                message = str(raised.value)
+                assert str(root / name_of(3)) in message and "newer" in message
+                assert raised.value.found == 2 and raised.value.readable == 1
+            assert await manager.get_versions() == [1, 2, 3]
+    assert warnings_of(caplog) == []
+    assert (root / name_of(3)).read_bytes() == newer
+    assert not [name for name in os.listdir(root) if "unreadable" in name]
+    assert isinstance(raised.value, SerializationError)
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert (copy.found, copy.readable, str(copy)) == (2, 1, str(raised.value))
