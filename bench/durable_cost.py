@@ -21,13 +21,26 @@ a durable configuration is its round time over the memory run's of the same repe
 Prints two tables, then one JSON line with medians and the (min, max) over repeats.
 
     python bench/durable_cost.py [--rounds 1000] [--repeats 5] [--fedavg-rounds 60]
+
+``--against REF`` compares this tree with the code of the git revision ``REF`` in the
+same run: it checks ``REF`` out in a temporary worktree (with this tree's built
+extensions) and runs both trees' own ``bench/durable_cost.py`` as processes, alternating,
+``--repeats`` pairs of one repeat each; then prints, per configuration, both sides'
+durable CPU a round and wall overhead around FedAvg, medians over the pairs. That is
+how the cost of a change to the durable path (such as how writes are batched) is shown.
+
+    python bench/durable_cost.py --against HEAD~1 [--repeats 5] ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +68,7 @@ from programlogic import (
 from programlogic.testing import FakeDataSource
 
 CONFIGURATIONS = ("memory", "every round", "every 10")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class StillProcess:
@@ -177,14 +191,95 @@ async def measure(rounds: int, repeats: int) -> dict[str, Any]:
     return {"benchmark": "durable cost", "rounds": rounds, "repeats": repeats, "rows": rows}
 
 
+def run_tree(tree: Path, rounds: int, fedavg_rounds: int) -> dict[str, Any]:
+    """One repeat of ``tree``'s own ``bench/durable_cost.py``, in a process of its own."""
+    command = [sys.executable, str(tree / "bench" / "durable_cost.py"), "--rounds", str(rounds)]
+    command += ["--repeats", "1", "--fedavg-rounds", str(fedavg_rounds)]
+    environment = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(command, cwd=tree, env=environment, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed in {tree}:\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def compare(against: str, rounds: int, pairs: int, fedavg_rounds: int) -> dict[str, Any]:
+    """Both trees' figures, ``pairs`` alternating pairs; medians and ranges per side."""
+    with tempfile.TemporaryDirectory() as scratch:
+        baseline = Path(scratch) / "baseline"
+        git = ["git", "-C", str(ROOT)]
+        subprocess.run(
+            [*git, "worktree", "add", "--detach", "-q", str(baseline), against], check=True
+        )
+        try:
+            for built in ROOT.glob("programlogic/**/*.so"):
+                shutil.copy2(built, baseline / built.relative_to(ROOT))
+            runs: dict[str, list[dict[str, Any]]] = {"this tree": [], against: []}
+            for _ in range(pairs):
+                runs["this tree"].append(run_tree(ROOT, rounds, fedavg_rounds))
+                runs[against].append(run_tree(baseline, rounds, fedavg_rounds))
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(baseline)], check=True)
+    sides = {}
+    for side, results in runs.items():
+        row = {}
+        for name in CONFIGURATIONS:
+            durable = [result["rows"][name]["durable_cpu_ms_per_round"] for result in results]
+            row[name] = {"durable_cpu_ms": _spread(durable, 4)}
+            if fedavg_rounds:
+                overhead = [result["fedavg"]["rows"][name]["overhead_pct"] for result in results]
+                row[name]["fedavg_overhead_pct"] = _spread(overhead, 2)
+        sides[side] = row
+    return {
+        "benchmark": "durable cost against",
+        "against": against,
+        "pairs": pairs,
+        "rounds": rounds,
+        "fedavg_rounds": fedavg_rounds,
+        "sides": sides,
+    }
+
+
+def _spread(values: list[float], digits: int) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "range": [round(min(values), digits), round(max(values), digits)],
+    }
+
+
+def print_comparison(result: dict[str, Any]) -> None:
+    print("| configuration | side | durable CPU ms a round | FedAvg wall overhead |")
+    print("|---|---|---|---|")
+    for name in CONFIGURATIONS[1:]:
+        for side, rows in result["sides"].items():
+            cpu = rows[name]["durable_cpu_ms"]
+            cells = f"{cpu['median']:.3f} ({cpu['range'][0]:.3f}-{cpu['range'][1]:.3f})"
+            overhead = rows[name].get("fedavg_overhead_pct")
+            wall = (
+                ""
+                if overhead is None
+                else (
+                    f"{overhead['median']:+.1f} % ({overhead['range'][0]:+.1f} to "
+                    f"{overhead['range'][1]:+.1f})"
+                )
+            )
+            print(f"| {name} | {side} | {cells} | {wall} |")
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--fedavg-rounds", type=int, default=60)
+    parser.add_argument("--against", metavar="REF", help="compare with git revision REF")
     arguments = parser.parse_args()
     if arguments.fedavg_rounds and arguments.fedavg_rounds <= WARM_ROUNDS + 1:
         parser.error(f"--fedavg-rounds must be 0 or more than {WARM_ROUNDS + 1}")
+    if arguments.against:
+        print_comparison(
+            compare(arguments.against, arguments.rounds, arguments.repeats, arguments.fedavg_rounds)
+        )
+        return
     result = anyio.run(measure, arguments.rounds, arguments.repeats)
     print("| configuration | CPU ms a round | durable CPU ms a round | wall ms a round |")
     print("|---|---|---|---|")

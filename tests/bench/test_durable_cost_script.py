@@ -34,3 +34,24 @@ async def test_the_script_measures_every_configuration_alone_and_around_fedavg()
 async def test_the_fedavg_part_refuses_too_few_rounds_to_measure() -> None:
     with pytest.raises(AssertionError, match="fedavg-rounds must be 0 or more than"):
         run_bench("durable_cost.py", "--rounds", "5", "--repeats", "1", "--fedavg-rounds", "3")
+
+
+async def test_the_script_compares_this_tree_with_a_revision_in_the_same_run() -> None:
+    output = run_bench(
+        "durable_cost.py",
+        "--against",
+        "HEAD",
+        "--rounds",
+        "10",
+        "--repeats",
+        "1",
+        "--fedavg-rounds",
+        "0",
+    )
+    result = json.loads(output.splitlines()[-1])
+    assert (result["against"], result["pairs"]) == ("HEAD", 1)
+    assert list(result["sides"]) == ["this tree", "HEAD"]
+    for rows in result["sides"].values():
+        assert list(rows) == CONFIGURATIONS
+        assert rows["memory"]["durable_cpu_ms"]["median"] == 0
+    assert "| every round | HEAD |" in output
