@@ -1,6 +1,6 @@
 """Program-state managers: the abstract base and its implementations."""
 
-from managers.state.base import ProgramStateManager
+from managers.state.base import ProgramStateManager, Retention
 from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
 from managers.state.memory import MemoryProgramStateManager
 
@@ -8,5 +8,6 @@ __all__ = [
     "FileProgramStateManager",
     "MemoryProgramStateManager",
     "ProgramStateManager",
+    "Retention",
     "StateDirectoryLockedError",
 ]

@@ -3,12 +3,58 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from managers.closing import AsyncClosing
 from managers.exceptions import VersionError, VersionExistsError
+from managers.validation import check_bool, check_int
 
-__all__ = ["ProgramStateManager", "check_version"]
+__all__ = ["ProgramStateManager", "Retention", "check_version"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """Which versions a program-state manager keeps: its retention policy, declared.
+
+    After each save the manager keeps the newest ``keep_total`` versions, plus the
+    first (lowest) one when ``keep_first``, plus every version divisible by
+    ``keep_every`` when it is given, and deletes the others. The version just saved is
+    always kept. :meth:`keeps` says which versions that leaves; a manager declares its
+    policy as :attr:`ProgramStateManager.retention`, and the contract suite expects the
+    versions it lists to be exactly those. A manager that keeps every version declares
+    no retention (``None``).
+
+    Example: ``Retention(keep_total=3, keep_first=True)`` after saving versions 0 to 9
+    keeps ``[0, 7, 8, 9]``.
+    """
+
+    keep_total: int
+    """How many of the newest versions are kept; at least 1."""
+    keep_first: bool = False
+    """Whether the first (lowest) version is kept too, whatever ``keep_total`` says."""
+    keep_every: int | None = None
+    """Versions divisible by this are kept too (``None``: none is kept for that)."""
+
+    def __post_init__(self) -> None:
+        check_int("keep_total", self.keep_total, minimum=1)
+        check_bool("keep_first", self.keep_first)
+        check_int("keep_every", self.keep_every, minimum=1, allow_none=True)
+
+    def keeps(self, versions: Sequence[int]) -> list[int]:
+        """The versions of ``versions`` kept by this policy, ascending.
+
+        ``versions`` are the versions stored right after a save, ascending: the last one
+        is the version just saved. A pure function: it looks at nothing else.
+        """
+        ordered = sorted(versions)
+        kept = set(ordered[-self.keep_total :])
+        if self.keep_first and ordered:
+            kept.add(ordered[0])
+        if self.keep_every is not None:
+            kept.update(version for version in ordered if version % self.keep_every == 0)
+        return [version for version in ordered if version in kept]
 
 
 class ProgramStateManager(AsyncClosing, abc.ABC):
@@ -28,8 +74,8 @@ class ProgramStateManager(AsyncClosing, abc.ABC):
       file manager). A save that raises or is cancelled leaves the versions saved before
       it intact and loadable; it never leaves a partial version that ``load`` returns.
       The saved value is a snapshot: mutating ``state`` afterwards does not change it.
-      Retention (which old versions an implementation deletes) never deletes the version
-      just written.
+      Retention (which old versions an implementation deletes after a save) is declared
+      by :attr:`retention` and never deletes the version just written.
     - ``load(version, structure=None)`` returns the state saved under ``version``, or
       raises :class:`~managers.exceptions.VersionNotFoundError`. With ``structure``, a
       template of the state (e.g. the initial state of a learning process), the loaded
@@ -45,8 +91,25 @@ class ProgramStateManager(AsyncClosing, abc.ABC):
     - ``get_versions()`` lists the saved versions in ascending order (``[]`` when none).
     - ``remove(version)`` deletes one version (``VersionNotFoundError`` when missing);
       ``remove_all()`` deletes every version.
+    - ``retention``: the policy by which ``save`` deletes old versions, a
+      :class:`Retention`, or ``None`` (the default) when every version is kept until
+      ``remove``. After a save, ``get_versions()`` lists exactly the versions the policy
+      keeps of those stored before the save and the one saved. A manager wrapping
+      another declares the retention of the one it wraps.
     - Calls are made one at a time by a program; an implementation need not support
       concurrent calls on one instance unless it says so.
+
+    The event loop and cancellation, for every call:
+
+    - A call never blocks the event loop: blocking I/O and CPU-heavy work (encoding,
+      writing, fsync) run in worker threads, so that the program's other tasks (an
+      evaluation, releases, a deadline) go on while a save is in flight.
+    - A cancelled call returns promptly, within a short grace (the contract suite
+      allows half a second), and leaves all of its effect or none: a cancelled save
+      has saved its version completely (and applied retention) or not at all, and
+      nothing it started changes the versions after it returned. It may finish work
+      already under way in a thread before returning; it never shields itself from
+      cancellation to go on with a long call.
 
     Subclasses need not call ``__init__`` of this class. ``aclose`` and the async
     context manager protocol have no-op defaults; an implementation that holds
@@ -87,6 +150,11 @@ class ProgramStateManager(AsyncClosing, abc.ABC):
         """Delete every saved version."""
         for version in await self.get_versions():
             await self.remove(version)
+
+    @property
+    def retention(self) -> Retention | None:
+        """Which versions ``save`` keeps; ``None`` (the default): every version."""
+        return None
 
     async def aclose(self) -> None:
         """Release what the manager holds; the default holds nothing."""

@@ -58,7 +58,7 @@ from managers.state._file_format import (
     write_all,
 )
 from managers.state._file_lock import is_writable, lock_directory, read_only_error
-from managers.state.base import ProgramStateManager, check_version
+from managers.state.base import ProgramStateManager, Retention, check_version
 from managers.validation import check_bool, check_choice, check_int, check_path, check_str
 from managers.writes import WriteQueue
 
@@ -189,6 +189,14 @@ class FileProgramStateManager(ProgramStateManager):
         repointed since; the next open, after :meth:`aclose`, resolves it again.
         """
         return self._root
+
+    @property
+    def retention(self) -> Retention | None:
+        """``keep_total``, ``keep_first`` and ``keep_every`` as a
+        :class:`~managers.state.base.Retention`; ``None`` when every version is kept."""
+        if self._keep_total is None:
+            return None
+        return Retention(self._keep_total, self._keep_first, self._keep_every)
 
     async def save(self, state: Any, version: int) -> None:
         await self._calls.submit(self._in_directory, self._save, state, version)

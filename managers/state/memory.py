@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from managers.exceptions import VersionNotFoundError
-from managers.state.base import ProgramStateManager, check_version
+from managers.state.base import ProgramStateManager, Retention, check_version
 from managers.structure import reshape
 from managers.validation import check_int
 
@@ -30,6 +30,11 @@ class MemoryProgramStateManager(ProgramStateManager):
     def __init__(self, keep_total: int | None = None) -> None:
         self._keep_total = check_int("keep_total", keep_total, minimum=1, allow_none=True)
         self._versions: dict[int, Any] = {}  # ascending: saves strictly increase
+
+    @property
+    def retention(self) -> Retention | None:
+        """The newest ``keep_total`` versions are kept; ``None`` when every one is."""
+        return None if self._keep_total is None else Retention(self._keep_total)
 
     async def save(self, state: Any, version: int) -> None:
         newest = next(reversed(self._versions), None)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from managers.state.base import ProgramStateManager
+from managers.state.base import ProgramStateManager, Retention
 from managers.validation import (
     check_bool,
     check_int,
@@ -251,6 +251,11 @@ class CrashingStateManager(ProgramStateManager):
         if crash:
             self.crashed = True
             raise self.error
+
+    @property
+    def retention(self) -> Retention | None:
+        """The retention of the inner manager."""
+        return self.inner.retention
 
     async def load(self, version: int, structure: Any = None) -> Any:
         return await self.inner.load(version, structure)
