@@ -19,7 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from managers import MemoryProgramStateManager, MemoryReleaseManager
+from managers import (
+    ManagerError,
+    MemoryProgramStateManager,
+    MemoryReleaseManager,
+    NewerFormatError,
+    VersionError,
+)
 from managers.state.file import FileProgramStateManager
 from programlogic import (
     Checkpoint,
@@ -185,3 +191,41 @@ async def test_a_checkpoint_of_a_newer_format_is_refused_naming_both_versions(
     assert isinstance(raised.value, ResumeError)
     assert (raised.value.found, raised.value.readable) == (2, READABLE_VERSIONS)
     assert run.metrics.values() == {} and run.evaluations.started == {}
+    assert sorted(path.name for path in (tmp_path / "interrupted").glob("program_state_*")) == [
+        f"program_state_{version}.plstate" for version in range(4)
+    ]  # nothing set aside as damage
+
+
+async def test_a_version_file_of_a_newer_codec_is_refused_and_left_in_place(
+    tmp_path: Path,
+) -> None:
+    directory = copy_fixture("interrupted", tmp_path)
+    newer = bytearray((directory / "program_state_3.plstate").read_bytes())
+    newer[8:12] = (2).to_bytes(4, "little")  # the codec's format version in the header
+    (directory / "program_state_3.plstate").write_bytes(newer)
+    for _ in range(2):  # a rerun is refused alike: nothing was moved
+        run = Run(rounds_done=3)
+        async with FileProgramStateManager(directory) as state:
+            with pytest.raises(NewerFormatError, match="format version 2") as raised:
+                await run.train(state)
+        assert str(directory / "program_state_3.plstate") in str(raised.value)
+        assert run.metrics.values() == {} and run.evaluations.started == {}
+    assert sorted(path.name for path in directory.glob("program_state_*")) == [
+        f"program_state_{version}.plstate" for version in range(4)
+    ]
+    assert (directory / "program_state_3.plstate").read_bytes() == newer
+
+
+async def test_a_version_hard_linked_to_another_is_refused_naming_both_files(
+    tmp_path: Path,
+) -> None:
+    directory = copy_fixture("interrupted", tmp_path)
+    (directory / "program_state_4.plstate").hardlink_to(directory / "program_state_1.plstate")
+    run = Run(rounds_done=3)
+    async with FileProgramStateManager(directory) as state:
+        with pytest.raises(ManagerError, match="is hard-linked to version 1") as raised:
+            await run.train(state)
+        assert await state.get_versions() == [0, 1, 2, 3, 4]
+    assert not isinstance(raised.value, VersionError)
+    assert str(directory / "program_state_4.plstate") in str(raised.value)
+    assert run.metrics.values() == {}
