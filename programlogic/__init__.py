@@ -37,6 +37,8 @@ from programlogic.exceptions import (
     ClusterConnectionError,
     NoFederatedContextError,
     NotEnoughClientsError,
+    PrivacyLedgerError,
+    PrivacySpentError,
     ProgramLogicError,
     ResumeError,
 )
@@ -83,6 +85,8 @@ __all__ = [
     "NoFederatedContextError",
     "NotEnoughClientsError",
     "PatienceStopping",
+    "PrivacyLedgerError",
+    "PrivacySpentError",
     "ProgramLogicError",
     "ResumeError",
     "Sampling",

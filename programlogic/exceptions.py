@@ -7,8 +7,10 @@
      ├── ClientError                                  client work raised; names the clients
      ├── NotEnoughClientsError                        fewer than min_clients finished a round
      ├── ClusterConnectionError (also ConnectionError) the cluster of a context is gone
+     ├── PrivacyLedgerError (also ValueError)         a privacy ledger that is damaged or in use
      └── ResumeError (also ValueError)                a checkpoint written by another config
-          └── CheckpointFormatError                   a checkpoint format this code cannot read
+          ├── CheckpointFormatError                   a checkpoint format this code cannot read
+          └── PrivacySpentError                       starting would forget privacy already spent
 
     SimulatedCrash (programlogic.testing)            the crash a testing fake injects
 
@@ -28,6 +30,8 @@ __all__ = [
     "ClusterConnectionError",
     "NoFederatedContextError",
     "NotEnoughClientsError",
+    "PrivacyLedgerError",
+    "PrivacySpentError",
     "ProgramLogicError",
     "ResumeError",
 ]
@@ -79,6 +83,40 @@ class CheckpointFormatError(ResumeError):
             f"version {found!r}; this code reads format versions "
             f"{', '.join(map(str, self.readable))}; resume it with a newer programlogic"
         )
+
+
+class PrivacyLedgerError(ProgramLogicError, ValueError):
+    """A privacy ledger cannot be used: damaged (other than a torn last line), not a
+    ledger, or in use by another run. The message names the file."""
+
+
+class PrivacySpentError(ResumeError):
+    """Starting ``train_model`` would forget or under-count privacy its ledger records as
+    spent: the program state is gone (or every version was damaged) while the ledger
+    holds rounds, or a checkpoint's aggregator counts fewer rounds than were run.
+
+    ``epsilon``: the privacy spent in all, at ``delta``; ``rounds``: the DP rounds the
+    ledger holds; ``ledger``: its path. A run that means to start over passes
+    ``privacy_spent_acknowledged=epsilon`` to ``train_model``.
+    """
+
+    def __init__(
+        self, message: str, *, epsilon: float, delta: float, rounds: int, ledger: object
+    ) -> None:
+        self.epsilon, self.delta, self.rounds, self.ledger = epsilon, delta, rounds, ledger
+        super().__init__(message)
+
+    def __reduce__(self):  # pickled like the other errors that cross processes
+        return (
+            _privacy_spent_error,
+            (str(self), self.epsilon, self.delta, self.rounds, self.ledger),
+        )
+
+
+def _privacy_spent_error(
+    message: str, epsilon: float, delta: float, rounds: int, ledger: object
+) -> PrivacySpentError:
+    return PrivacySpentError(message, epsilon=epsilon, delta=delta, rounds=rounds, ledger=ledger)
 
 
 class NotEnoughClientsError(ProgramLogicError):
