@@ -67,11 +67,13 @@ class GroupingReleaseManager(ReleaseManager):
                     f"release key {key!r}",
                 )
 
-    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite:
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
         """The release of ``value`` under ``key`` as a write for a
         :class:`~managers.writes.WriteBatch`: the managers that prepare their writes
         prepare them, the others release now (concurrently); the write returned makes
-        the prepared ones and raises every failure, those of the others included."""
+        the prepared ones and raises every failure, those of the others included.
+        ``None`` when every manager released already without a failure, or none has
+        anything to write."""
         check_key(key)
         parts: list[PreparedWrite | Exception | None] = [None] * len(self._managers)
         with self._order.call(key) as ticket:
@@ -79,6 +81,8 @@ class GroupingReleaseManager(ReleaseManager):
             async with ticket.lock:
                 if ticket.hand_on():
                     await self._prepare_all(plain, key, parts)
+        if all(part is None for part in parts):
+            return None  # released already, or nothing to write
         return together(parts, lambda errors: _combined(errors, len(parts), f"release key {key!r}"))
 
     async def _prepare_all(
