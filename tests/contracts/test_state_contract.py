@@ -1,4 +1,6 @@
-"""Every program-state manager of the library held to the contract suite."""
+"""Every program-state manager of the library held to the contract suite, at the
+retention settings the README shows: each declares its retention, and the suite expects
+the versions it keeps with no override."""
 
 from __future__ import annotations
 
@@ -34,6 +36,20 @@ class TestMemoryProgramStateManagerKeepingAll(ProgramStateManagerContract):
         return lambda: MemoryProgramStateManager(keep_total=100)
 
 
+class TestMemoryProgramStateManagerKeepingThree(ProgramStateManagerContract):
+    @pytest.fixture
+    def state_manager_factory(self):
+        return lambda: MemoryProgramStateManager(keep_total=3)
+
+
+class TestMemoryProgramStateManagerKeepingOne(ProgramStateManagerContract):
+    """As a periodic or best-model manager's cadence store keeps its one record."""
+
+    @pytest.fixture
+    def state_manager_factory(self):
+        return lambda: MemoryProgramStateManager(keep_total=1)
+
+
 class TestFileProgramStateManager(ProgramStateManagerContract):
     persistent = True
 
@@ -49,15 +65,49 @@ class TestFileProgramStateManager(ProgramStateManagerContract):
         )
 
 
+class TestFileProgramStateManagerKeepingThree(TestFileProgramStateManager):
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Path):
+        return lambda: FileProgramStateManager(tmp_path / "state", keep_total=3)
+
+
+class TestFileProgramStateManagerNotKeepingTheFirst(TestFileProgramStateManager):
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Path):
+        return lambda: FileProgramStateManager(tmp_path / "state", keep_first=False)
+
+
+class TestFileProgramStateManagerKeepingOne(TestFileProgramStateManager):
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Path):
+        return lambda: FileProgramStateManager(tmp_path / "state", keep_total=1, keep_first=False)
+
+
+class TestFileProgramStateManagerKeepingEvery(TestFileProgramStateManager):
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Path):
+        return lambda: FileProgramStateManager(
+            tmp_path / "state", keep_total=2, keep_first=False, keep_every=5
+        )
+
+
+class TestFileProgramStateManagerKeepingAll(TestFileProgramStateManager):
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Path):
+        return lambda: FileProgramStateManager(tmp_path / "state", keep_total=None)
+
+
 class TestCrashingStateManager(ProgramStateManagerContract):
-    """The crash-injecting wrapper, set to crash at a version never saved, is transparent."""
+    """The crash-injecting wrapper, set to crash at a version never saved, is transparent,
+    its inner manager's retention included."""
 
     persistent = True
 
     @pytest.fixture
     def state_manager_factory(self, tmp_path: Path):
         return lambda: CrashingStateManager(
-            FileProgramStateManager(tmp_path / "state"), crash_on_version=NEVER_SAVED
+            FileProgramStateManager(tmp_path / "state", keep_total=3, keep_first=False),
+            crash_on_version=NEVER_SAVED,
         )
 
     @pytest.fixture

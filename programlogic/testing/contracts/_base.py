@@ -1,12 +1,143 @@
-"""What every contract suite builds on: each test runs under asyncio and trio."""
+"""What every contract suite builds on: each test runs under asyncio and trio, with a
+watchdog on the event loop beside it.
+
+**The loop watchdog.** A call of an implementation never blocks the event loop: blocking
+I/O and CPU work go to worker threads, so that the program's other tasks go on while the
+call is in flight. To check it, every test method of a suite runs with a watchdog task
+beside it, which sleeps 10 ms at a time (``anyio.sleep``) and measures with
+``time.monotonic`` how long each sleep really took. A sleep that took longer than the
+suite's :attr:`Contract.loop_stall_limit` (0.25 s unless the suite says otherwise) means
+that something held the event loop that long without yielding to it (a blocking read or
+write, a ``time.sleep``, a long computation), and the test fails, saying for how long.
+The bound is generous against a loaded machine's noise and fatal to a blocking call.
+
+The suite's own synchronous steps that reach behind the implementation's back (a
+``read_back`` that parses the files a sink wrote, a ``StateDamage`` that damages a
+version, a factory building a manager) are not counted: they run :func:`unwatched`.
+Set ``loop_stall_limit = None`` in a subclass to turn the watchdog off, for an
+implementation that cannot keep the promise (say why there), or a larger bound for one
+whose first call imports a heavy module.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextvars import ContextVar
+from typing import Any
+
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import pytest
 
-__all__ = ["Contract", "cancel_after"]
+__all__ = ["Contract", "LoopWatchdog", "call_cancelled_after", "unwatched"]
+
+_TICK_S = 0.01
+"""How long the watchdog sleeps between two looks at the clock."""
+
+
+class LoopWatchdog:
+    """Measures how long the event loop goes without running its tasks (its stalls).
+
+    :meth:`run` is the watchdog task; :attr:`stalls` lists, in seconds, each of its
+    sleeps that took longer than ``limit``, except those overlapping :meth:`unwatched`.
+    """
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.stalls: list[float] = []
+        self._unwatched = 0
+        self._changes = 0  # of _unwatched: a sleep overlapping an unwatched step is not counted
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Watch the loop until cancelled."""
+        task_status.started()
+        last, changes = time.monotonic(), self._changes
+        while True:
+            await anyio.sleep(_TICK_S)
+            now = time.monotonic()
+            if not self._unwatched and self._changes == changes and now - last > self.limit:
+                self.stalls.append(now - last)
+            last, changes = now, self._changes
+
+    @contextlib.contextmanager
+    def unwatched(self) -> Iterator[None]:
+        """A step whose holding of the loop is not counted (the suite's own reads)."""
+        self._unwatched += 1
+        self._changes += 1
+        try:
+            yield
+        finally:
+            self._unwatched -= 1
+            self._changes += 1
+
+    def verdict(self) -> str | None:
+        """Why the test fails: the stalls over the limit; ``None`` when there were none."""
+        if not self.stalls:
+            return None
+        return (
+            f"the event loop was blocked for {max(self.stalls):.2f} s at once "
+            f"({len(self.stalls)} time(s) over loop_stall_limit = {self.limit} s): a call "
+            "ran blocking work (I/O, time.sleep, a long computation) on the event loop "
+            "instead of in a worker thread (anyio.to_thread.run_sync)"
+        )
+
+
+_WATCHDOG: ContextVar[LoopWatchdog | None] = ContextVar("_WATCHDOG", default=None)
+
+
+@contextlib.contextmanager
+def unwatched() -> Iterator[None]:
+    """Run a step of the suite itself (reading the storage back, damaging it, building a
+    manager) without counting how long it holds the event loop."""
+    watchdog = _WATCHDOG.get()
+    if watchdog is None:
+        yield
+        return
+    with watchdog.unwatched():
+        yield
+
+
+def _watched(
+    test: Callable[..., Coroutine[Any, Any, None]],
+) -> Callable[..., Coroutine[Any, Any, None]]:
+    """``test`` run beside a :class:`LoopWatchdog` bounded by its suite's
+    ``loop_stall_limit``; it fails when the loop stalled longer."""
+
+    @functools.wraps(test)
+    async def watched(self: Contract, *args: Any, **kwargs: Any) -> None:
+        limit = self.loop_stall_limit
+        if limit is None:
+            await test(self, *args, **kwargs)
+            return
+        watchdog = LoopWatchdog(limit)
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as group:
+            await group.start(watchdog.run)
+            token = _WATCHDOG.set(watchdog)
+            try:
+                await test(self, *args, **kwargs)
+            except BaseException as error:  # raised below, as itself, not in a group
+                failure = error
+            finally:
+                _WATCHDOG.reset(token)
+                group.cancel_scope.cancel()
+        verdict = watchdog.verdict()
+        if failure is not None:
+            if verdict is not None:
+                failure.add_note(verdict)
+            raise failure
+        if verdict is not None:
+            pytest.fail(verdict, pytrace=False)
+
+    watched.__contract_watched__ = True  # type: ignore[attr-defined]
+    return watched
 
 
 @pytest.mark.anyio
@@ -15,10 +146,29 @@ class Contract:
     factory fixture; every test method is a coroutine that anyio's pytest plugin runs
     once under asyncio and once under trio.
 
+    Every test method (the suite's and those a subclass adds or overrides) runs beside
+    the loop watchdog of this module: it fails when the event loop stalls longer than
+    :attr:`loop_stall_limit` while the test runs.
+
     Override :meth:`anyio_backend` in a subclass to narrow the backends (an
     implementation that only runs on asyncio, such as one driving Ray, returns
     ``["asyncio"]`` params).
     """
+
+    loop_stall_limit: float | None = 0.25
+    """The longest the event loop may go without running its tasks while a test runs, in
+    seconds; ``None`` turns the watchdog off."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in dir(cls):
+            test = getattr(cls, name, None)
+            if (
+                name.startswith("test")
+                and inspect.iscoroutinefunction(test)
+                and not getattr(test, "__contract_watched__", False)
+            ):
+                setattr(cls, name, _watched(test))
 
     @pytest.fixture(params=["asyncio", "trio"])
     def anyio_backend(self, request: pytest.FixtureRequest) -> str:
@@ -26,8 +176,26 @@ class Contract:
         return request.param
 
 
-async def cancel_after(scope: anyio.CancelScope, checkpoints: int) -> None:
-    """Cancel ``scope`` once this task has passed ``checkpoints`` scheduling points."""
-    for _ in range(checkpoints):
-        await anyio.lowlevel.checkpoint()
-    scope.cancel()
+async def call_cancelled_after(checkpoints: int, call: Callable[[], Awaitable[object]]) -> float:
+    """Await ``call()`` in a scope that a task beside it cancels once it has passed
+    ``checkpoints`` scheduling points; the seconds from that cancellation to the return
+    of ``call()`` (0 when ``call()`` returned before it was cancelled)."""
+    cancelled_at: list[float] = []
+    returned_at: list[float] = []
+
+    async def cancel(scope: anyio.CancelScope) -> None:
+        for _ in range(checkpoints):
+            await anyio.lowlevel.checkpoint()
+        cancelled_at.append(time.monotonic())
+        scope.cancel()
+
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            group.start_soon(cancel, scope)
+            try:
+                await call()
+            finally:
+                returned_at.append(time.monotonic())
+    if not cancelled_at or cancelled_at[0] > returned_at[0]:
+        return 0.0
+    return returned_at[0] - cancelled_at[0]

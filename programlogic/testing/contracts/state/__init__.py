@@ -1,4 +1,5 @@
-"""The contract suite of program-state managers: versioning, round-trips, errors, closing.
+"""The contract suite of program-state managers: versioning, retention, round-trips,
+errors, cancellation, closing.
 
 Subclass :class:`ProgramStateManagerContract` in a test file of yours and override its
 ``state_manager_factory`` fixture::
@@ -16,6 +17,26 @@ Subclass :class:`ProgramStateManagerContract` in a test file of yours and overri
 Every test of the suite then runs against your manager under asyncio and trio. A
 manager that detects damaged versions (a checksum) also overrides ``state_damage`` to
 return a :class:`StateDamage`, and the suite checks what ``load_latest`` does with them.
+
+Beyond round-trips and versioning, the suite checks three promises of
+:class:`~managers.ProgramStateManager` that hold for every call:
+
+- **The event loop stays free.** A watchdog task runs beside every test and fails it
+  when the event loop stalls longer than ``loop_stall_limit`` (0.25 s): a call that
+  writes, fsyncs or encodes on the event loop instead of in a worker thread.
+- **A cancelled call returns promptly and leaves all of its effect or none.** Saves
+  are cancelled at each of their first scheduling points and once 0.1 s after they
+  began; each must return within ``cancel_grace`` (0.5 s) of its cancellation, leave
+  its version saved completely (with retention applied) or not at all, and change
+  nothing once it returned.
+- **Retention is declared.** The versions listed after each save are exactly those
+  the manager's ``retention`` keeps (every version when it is ``None``), and the
+  version just saved is never removed. A manager that deletes old versions declares
+  how with a :class:`~managers.Retention`; the suite then expects that policy in every
+  test, with no override.
+
+Set ``loop_stall_limit`` or ``cancel_grace`` in your subclass to change a bound
+(``loop_stall_limit = None`` turns the watchdog off); say why there.
 """
 
 from __future__ import annotations
@@ -57,6 +78,13 @@ class ProgramStateManagerContract(
 
     persistent: bool = False
     """Whether a manager the factory makes sees the versions that earlier ones saved."""
+
+    loop_stall_limit: float | None = 0.25
+    """The longest the event loop may stall while a test runs, in seconds (``None``:
+    not watched); see :mod:`programlogic.testing.contracts._base`."""
+
+    cancel_grace: float = 0.5
+    """How soon a cancelled call must return after its cancellation, in seconds."""
 
     @pytest.fixture
     def state_manager_factory(self) -> StateManagerFactory:

@@ -1,4 +1,11 @@
-"""Tests of the program-state suite: cancelled saves, restarts and closing."""
+"""Tests of the program-state suite: cancelled saves, restarts and closing.
+
+A cancelled call returns within the suite's ``cancel_grace`` of its cancellation (0.5 s
+unless the suite says otherwise) and leaves all of its effect or none: a cancelled save
+leaves the versions it found, or those plus its own with retention applied, and nothing
+changes them once it returned. The suite cancels saves at each of their first scheduling
+points, and once ``CANCEL_AFTER_S`` after the save began.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +14,18 @@ import pytest
 
 from managers.exceptions import VersionError, VersionExistsError
 from managers.state.base import ProgramStateManager
-from programlogic.testing.contracts._base import cancel_after
-from programlogic.testing.contracts.state._support import StateManagerFactory, state_of
+from programlogic.testing.contracts._base import call_cancelled_after
+from programlogic.testing.contracts.state._support import (
+    StateManagerFactory,
+    kept_versions,
+    make,
+    state_of,
+)
 
-__all__ = ["LifecycleTests"]
+__all__ = ["CANCEL_AFTER_S", "LifecycleTests"]
+
+CANCEL_AFTER_S = 0.1
+"""How long after it began the suite cancels a save in flight, in one test."""
 
 
 class LifecycleTests:
@@ -18,6 +33,8 @@ class LifecycleTests:
 
     persistent: bool
     """Whether the versions outlive their manager: see :class:`ProgramStateManagerContract`."""
+    cancel_grace: float
+    """How soon a cancelled call returns: see :class:`ProgramStateManagerContract`."""
 
     # Failures and cancellation
 
@@ -25,18 +42,51 @@ class LifecycleTests:
         self, manager: ProgramStateManager
     ) -> None:
         await manager.save(state_of(0), 0)
+        listed = await manager.get_versions()
         for version in range(1, 25):  # cancelled after 0, 1, ... checkpoints of the saver
-            with anyio.CancelScope() as scope:
-                async with anyio.create_task_group() as group:
-                    group.start_soon(cancel_after, scope, version - 1)
-                    await manager.save(state_of(version), version)
+            late = await call_cancelled_after(
+                version - 1, lambda version=version: manager.save(state_of(version), version)
+            )
+            self.assert_returned_within_the_grace(late, f"a save of version {version}")
             versions = await manager.get_versions()
-            assert versions[0] == 0 and versions == sorted(versions)
-            assert set(versions) <= set(range(version + 1))
-            for saved in versions:
-                assert await manager.load(saved) == state_of(saved)
+            saved = kept_versions(manager.retention, [version], listed)
+            assert versions in (listed, saved), (
+                f"a save of version {version} cancelled after {version - 1} scheduling "
+                f"points left versions {versions}: neither {listed} (not saved) nor "
+                f"{saved} (saved, with retention {manager.retention})"
+            )
+            for kept in versions:
+                assert await manager.load(kept) == state_of(kept)
+            listed = versions
         state, version = await manager.load_latest()
         assert state == state_of(version)
+
+    async def test_a_save_cancelled_in_flight_returns_within_the_grace_and_changes_nothing_later(
+        self, manager: ProgramStateManager
+    ) -> None:
+        await manager.save(state_of(0), 0)
+        listed = await manager.get_versions()
+        with anyio.move_on_after(CANCEL_AFTER_S) as scope:
+            await manager.save(state_of(1), 1)
+        self.assert_returned_within_the_grace(
+            max(0.0, anyio.current_time() - scope.deadline), "a save of version 1"
+        )
+        versions = await manager.get_versions()
+        assert versions in (listed, kept_versions(manager.retention, [1], listed))
+        await anyio.sleep(self.cancel_grace)  # what it started, if anything, goes on now
+        assert await manager.get_versions() == versions, (
+            "the versions changed after a cancelled save returned"
+        )
+        for kept in versions:
+            assert await manager.load(kept) == state_of(kept)
+
+    def assert_returned_within_the_grace(self, late: float, call: str) -> None:
+        """Fail when ``call``, cancelled, returned ``late`` seconds after its cancellation,
+        later than :attr:`cancel_grace`."""
+        assert late <= self.cancel_grace, (
+            f"{call}, cancelled, returned {late:.2f} s after its cancellation, later than "
+            f"cancel_grace = {self.cancel_grace} s: it ignored the cancellation (a shield?)"
+        )
 
     # Restarts
 
@@ -45,18 +95,18 @@ class LifecycleTests:
     ) -> None:
         if not self.persistent:
             pytest.skip("the versions do not outlive their manager")
-        async with state_manager_factory() as first:
+        async with make(state_manager_factory) as first:
             for version in (0, 2):
                 await first.save(state_of(version), version)
-        async with state_manager_factory() as restarted:
-            assert await restarted.get_versions() == [0, 2]
+        async with make(state_manager_factory) as restarted:
+            assert await restarted.get_versions() == kept_versions(restarted.retention, [0, 2])
             assert await restarted.load_latest() == (state_of(2), 2)
             with pytest.raises(VersionExistsError):
                 await restarted.save(state_of(2), 2)
             with pytest.raises(VersionError, match="lower than the newest"):
                 await restarted.save(state_of(1), 1)
             await restarted.save(state_of(3), 3)
-        async with state_manager_factory() as again:
+        async with make(state_manager_factory) as again:
             assert await again.load_latest() == (state_of(3), 3)
 
     # Closing
@@ -64,7 +114,7 @@ class LifecycleTests:
     async def test_async_with_returns_the_manager_and_closes_it(
         self, state_manager_factory: StateManagerFactory
     ) -> None:
-        created = state_manager_factory()
+        created = make(state_manager_factory)
         async with created as entered:
             assert entered is created
             await entered.save(state_of(0), 0)
@@ -74,13 +124,13 @@ class LifecycleTests:
         self, state_manager_factory: StateManagerFactory
     ) -> None:
         with pytest.raises(RuntimeError, match="inside"):
-            async with state_manager_factory():
+            async with make(state_manager_factory):
                 raise RuntimeError("inside")
 
     async def test_aclose_may_be_called_twice(
         self, state_manager_factory: StateManagerFactory
     ) -> None:
-        created = state_manager_factory()
+        created = make(state_manager_factory)
         await created.save(state_of(0), 0)
         assert await created.aclose() is None
         assert await created.aclose() is None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from managers.state.base import ProgramStateManager
-from programlogic.testing.contracts.state._support import state_of
+from programlogic.testing.contracts.state._support import kept_versions, state_of
 
 __all__ = ["RoundTripTests"]
 
@@ -74,7 +74,7 @@ class RoundTripTests:
     async def test_each_version_loads_its_own_state(self, manager: ProgramStateManager) -> None:
         for version in (0, 1, 2):
             await manager.save(state_of(version), version)
-        for version in (0, 1, 2):
+        for version in kept_versions(manager.retention, [0, 1, 2]):
             assert await manager.load(version) == state_of(version)
 
     async def test_a_save_is_a_snapshot_of_the_state(self, manager: ProgramStateManager) -> None:

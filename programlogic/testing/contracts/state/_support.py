@@ -1,18 +1,27 @@
 """What the tests of the program-state suite share: the manager factory, the optional
-damage capability and the states they save."""
+damage capability, the states they save and the versions a retention keeps."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
 
-from managers.state.base import ProgramStateManager
+from managers.state.base import ProgramStateManager, Retention
+from programlogic.testing.contracts._base import unwatched
 
-__all__ = ["StateDamage", "StateManagerFactory", "damage_version", "needs_damage", "state_of"]
+__all__ = [
+    "StateDamage",
+    "StateManagerFactory",
+    "damage_version",
+    "kept_versions",
+    "make",
+    "needs_damage",
+    "state_of",
+]
 
 StateManagerFactory = Callable[[], ProgramStateManager]
 
@@ -39,10 +48,34 @@ def needs_damage(damage: StateDamage | None) -> StateDamage:
 
 
 async def damage_version(damage: StateDamage, manager: ProgramStateManager, version: int) -> None:
-    """Damage ``version`` of ``manager``'s storage as ``damage`` says."""
-    done = damage.damage(manager, version)
-    if inspect.isawaitable(done):
-        await done
+    """Damage ``version`` of ``manager``'s storage as ``damage`` says (a step of the
+    suite: the loop watchdog does not count it)."""
+    with unwatched():
+        done = damage.damage(manager, version)
+        if inspect.isawaitable(done):
+            await done
+
+
+def make(factory: StateManagerFactory) -> ProgramStateManager:
+    """A new manager from ``factory`` (building it is a step of the suite, synchronous
+    by nature: the loop watchdog does not count it)."""
+    with unwatched():
+        return factory()
+
+
+def kept_versions(
+    retention: Retention | None, saved: Iterable[int], listed: Iterable[int] = ()
+) -> list[int]:
+    """The versions a manager of ``retention`` lists once it saved ``saved``, one after
+    the other, when it listed ``listed`` before: each save adds its version and then
+    retention keeps what :meth:`~managers.state.base.Retention.keeps` says (every
+    version when ``retention`` is ``None``)."""
+    versions = sorted(listed)
+    for version in saved:
+        versions.append(version)
+        if retention is not None:
+            versions = retention.keeps(versions)
+    return versions
 
 
 def state_of(round_number: int) -> dict[str, Any]:
