@@ -22,12 +22,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from managers.validation import check_choice, check_type
 from programlogic.learning._tensorflow import tf
+
+if TYPE_CHECKING:
+    from programlogic.privacy import PrivacyAccounting
 
 __all__ = [
     "CLIENT_WEIGHTINGS",
@@ -119,6 +122,14 @@ class ModelAggregator(abc.ABC):
         model's trainable weights, for their shapes."""
         return None
 
+    def privacy_accounting(self) -> PrivacyAccounting | None:
+        """How this aggregator's privacy is accounted, relative to its own state, or None
+        (the default) for an aggregator that adds no noise. A process returns it, nested
+        under where it keeps this state, as its ``privacy_accounting()``, by which
+        ``train_model`` knows a run is differentially private (see
+        :class:`~programlogic.privacy.PrivacyAccounting`)."""
+        return None
+
     @abc.abstractmethod
     def fold_group(self, params: dict[str, Any], deltas: list[Any], weights: Any) -> Partial:
         """A group's clients folded into one partial, in TensorFlow (traced)."""
@@ -179,7 +190,8 @@ class ClientTransform(ModelAggregator):
     Subclasses implement :meth:`transform` (traced, vectorized over the group's
     clients) and may count per-client statistics, which are summed over the round and
     released as measurements with :meth:`measure`. The inner aggregator's state is this
-    one's ``"inner"`` state, its measurements are released beside this one's.
+    one's ``"inner"`` state, its measurements are released beside this one's and its
+    metrics (a DP aggregator's ``privacy/...``) as they are.
     """
 
     inner: ModelAggregator
@@ -207,6 +219,11 @@ class ClientTransform(ModelAggregator):
         """The inner aggregator's check."""
         self.inner.check_round(client_ids)
 
+    def privacy_accounting(self) -> PrivacyAccounting | None:
+        """The inner aggregator's, whose state is this one's ``"inner"``."""
+        accounting = self.inner.privacy_accounting()
+        return None if accounting is None else accounting.within("inner")
+
     def fold_group(self, params: dict[str, Any], deltas: list[Any], weights: Any) -> Partial:
         """The transformed clients folded by the inner aggregator, and the summed counts."""
         deltas, weights, counts = self.transform(params, deltas, weights)
@@ -233,7 +250,7 @@ class ClientTransform(ModelAggregator):
         counts = {} if total is None else total["counts"]
         measurements = {**self.measure(counts), **result.measurements}
         new_state = {"inner": result.state} if result.state else {}
-        return Aggregate(result.update, new_state, measurements)
+        return Aggregate(result.update, new_state, measurements, result.metrics)
 
 
 def mean() -> Mean:

@@ -32,7 +32,7 @@ from programlogic.learning.aggregators import (
     by_client,
     client_norms,
 )
-from programlogic.privacy import GaussianMechanism
+from programlogic.privacy import GaussianMechanism, PrivacyAccounting, PrivacyBudgetStopping
 
 __all__ = ["AdaptiveClipping", "DPMean", "adaptive_clipping", "dp_mean"]
 
@@ -104,7 +104,10 @@ class DPMean(ModelAggregator):
     clip.
 
     Released each round: ``privacy/{epsilon, delta, noise_multiplier, clip, rounds}``,
-    epsilon for ``delta`` after the rounds run so far, computed by the mechanism.
+    epsilon for ``delta`` after the rounds run so far, computed by the mechanism
+    (``train_model`` adds the rounds its privacy ledger holds of earlier noise secrets,
+    when there are some: see :meth:`privacy_accounting`). Its budget stop is
+    :meth:`budget_stopping`.
     """
 
     mechanism: GaussianMechanism
@@ -239,6 +242,18 @@ class DPMean(ModelAggregator):
             "rounds": rounds,
         }
         return Aggregate(update, new_state, metrics={"privacy": privacy})
+
+    def privacy_accounting(self) -> PrivacyAccounting:
+        """The accounting ``train_model`` reads: this mechanism and delta; the secret and
+        the rounds run are this aggregator's state's ``"secret"`` and ``"rounds"``, and
+        epsilon is released under the round's ``privacy`` metrics."""
+        return PrivacyAccounting(self.mechanism, self.delta)
+
+    def budget_stopping(self, epsilon: float) -> PrivacyBudgetStopping:
+        """The budget stop of this aggregator's rounds: a
+        :class:`~programlogic.privacy.PrivacyBudgetStopping` of its mechanism and delta
+        that stops before the round that would spend more than ``epsilon``."""
+        return self.privacy_accounting().budget_stopping(epsilon)
 
     def describe(self) -> dict[str, Any]:
         """The mechanism, the clip and delta (never the secret), as a JSON-able dict."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
@@ -34,6 +34,9 @@ from programlogic.learning.metrics import client_sums
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 from programlogic.process import LearningProcessOutput
 from programlogic.tasks import task_group
+
+if TYPE_CHECKING:
+    from programlogic.privacy import PrivacyAccounting
 
 # MAX_CLIENTS_PER_GROUP and plan_group_size live in _grouped since FedEval shares them;
 # they stay importable from here, outside the public names.
@@ -159,6 +162,13 @@ class WeightedFedAvg(GroupedProcess):
         if self.model_aggregator != Mean():
             described["model_aggregator"] = self.model_aggregator.describe()
         return described
+
+    def privacy_accounting(self) -> PrivacyAccounting | None:
+        """The model aggregator's privacy accounting, for its state under
+        ``"aggregator"`` (None when it adds no noise): how ``train_model`` knows this is a
+        differentially private run (see :class:`~programlogic.privacy.PrivacyAccounting`)."""
+        accounting = self.model_aggregator.privacy_accounting()
+        return None if accounting is None else accounting.within("aggregator")
 
     def initialize(self) -> dict[str, Any]:
         """The round-0 state: the model's initial weights, a fresh server optimizer and,
