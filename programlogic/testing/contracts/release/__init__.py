@@ -21,6 +21,22 @@ storage holds, and what that storage can hold::
             )
 
 Every test of the suite then runs against your manager under asyncio and trio.
+
+Beyond keys, values and errors, the suite checks two promises of
+:class:`~managers.ReleaseManager` that hold for every call:
+
+- **The event loop stays free.** A watchdog task runs beside every test and fails it
+  when the event loop stalls longer than ``loop_stall_limit`` (0.25 s): a release
+  that writes, encodes or sleeps on the event loop instead of in a worker thread.
+  ``read_back`` and ``reopen`` are the suite's own steps and are not counted.
+- **A cancelled release returns promptly and leaves all of its effect or none.**
+  Releases are cancelled at each of their first scheduling points and once 0.1 s after
+  they began; each must return within ``cancel_grace`` (0.5 s) of its cancellation,
+  leave its key holding what it held before or the whole new value, and change nothing
+  once it returned (no shielded or abandoned write lands later).
+
+Set ``loop_stall_limit`` or ``cancel_grace`` in your subclass to change a bound
+(``loop_stall_limit = None`` turns the watchdog off); say why there.
 """
 
 from __future__ import annotations
@@ -53,6 +69,13 @@ class ReleaseManagerContract(ClosingTests, FailureTests, KeyTests, ValueTests, C
     your manager cannot keep can be overridden in your subclass, marked
     ``pytest.mark.xfail(strict=True, reason=...)``, with the reason.
     """
+
+    loop_stall_limit: float | None = 0.25
+    """The longest the event loop may stall while a test runs, in seconds (``None``:
+    not watched); see :mod:`programlogic.testing.contracts._base`."""
+
+    cancel_grace: float = 0.5
+    """How soon a cancelled release must return after its cancellation, in seconds."""
 
     @pytest.fixture
     def subject(self) -> ReleaseSubject:

@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from programlogic.testing.contracts.release._support import ReleaseSubject, holds
+from programlogic.testing.contracts.release._support import ReleaseSubject, holds, reopened
 
 __all__ = ["ClosingTests"]
 
@@ -57,7 +57,7 @@ class ClosingTests:
         async with subject.manager as manager:
             for key in (1, 2, 3):
                 await manager.release({"loss": float(key), "round": key}, key)
-        async with subject.reopen() as restarted:  # resumed at round 2, as after a crash
+        async with reopened(subject) as restarted:  # resumed at round 2, as after a crash
             for key in (2, 3, 4):
                 await restarted.release({"loss": key + 0.5, "round": key}, key)
         await holds(

@@ -1,4 +1,11 @@
-"""Tests of the release suite: failed, concurrent and cancelled releases."""
+"""Tests of the release suite: failed, concurrent and cancelled releases.
+
+A cancelled release returns within the suite's ``cancel_grace`` of its cancellation
+(0.5 s unless the suite says otherwise) and leaves all of its effect or none: its key
+holds what it held before or the whole new value, never a part of it, and nothing
+changes once it returned. The suite cancels releases at each of their first scheduling
+points, and once ``CANCEL_AFTER_S`` after the release began.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +16,26 @@ import pytest
 
 from managers.release.base import ReleaseKey, ReleaseManager
 from managers.testing import FakeValueReference
-from programlogic.testing.contracts._base import cancel_after
+from programlogic.testing.contracts._base import call_cancelled_after
 from programlogic.testing.contracts.release._support import (
     ReleaseSubject,
     _DiskFull,
+    comparable,
     held_by,
     holds,
 )
 
-__all__ = ["FailureTests"]
+__all__ = ["CANCEL_AFTER_S", "FailureTests"]
+
+CANCEL_AFTER_S = 0.1
+"""How long after it began the suite cancels a release in flight, in one test."""
 
 
 class FailureTests:
     """What the storage holds after releases that fail, overlap or are cancelled."""
+
+    cancel_grace: float
+    """How soon a cancelled call returns: see :class:`ReleaseManagerContract`."""
 
     # Failures
 
@@ -85,13 +99,40 @@ class FailureTests:
     ) -> None:
         await manager.release({"loss": 0.0, "round": 0}, 0)
         for key in range(1, 16):  # cancelled after 0, 1, ... scheduling points
-            with anyio.CancelScope() as scope:
-                async with anyio.create_task_group() as group:
-                    group.start_soon(cancel_after, scope, key - 1)
-                    await manager.release(
-                        {"loss": FakeValueReference(key / 4, delay=2), "round": key}, key
-                    )
+            late = await call_cancelled_after(
+                key - 1,
+                lambda key=key: manager.release(
+                    {"loss": FakeValueReference(key / 4, delay=2), "round": key}, key
+                ),
+            )
+            self.assert_returned_within_the_grace(late, f"a release of key {key}")
         held = await held_by(subject)
         assert 0 in held
         assert set(held) <= set(range(16))
         await holds(subject, {key: {"loss": key / 4, "round": key} for key in held})
+
+    async def test_a_release_cancelled_in_flight_returns_within_the_grace_and_changes_nothing_later(
+        self, subject: ReleaseSubject, manager: ReleaseManager
+    ) -> None:
+        await manager.release({"loss": 0.0, "round": 0}, 0)
+        value = {"loss": 0.5, "accuracy": 0.75, "round": 1}
+        with anyio.move_on_after(CANCEL_AFTER_S) as scope:
+            await manager.release(value, 1)
+        self.assert_returned_within_the_grace(
+            max(0.0, anyio.current_time() - scope.deadline), "a release of key 1"
+        )
+        held = await held_by(subject)
+        expected = {0: {"loss": 0.0, "round": 0}} | ({1: value} if 1 in held else {})
+        await holds(subject, expected)
+        await anyio.sleep(self.cancel_grace)  # what it started, if anything, goes on now
+        assert comparable(await held_by(subject)) == comparable(held), (
+            "what the storage holds changed after a cancelled release returned"
+        )
+
+    def assert_returned_within_the_grace(self, late: float, call: str) -> None:
+        """Fail when ``call``, cancelled, returned ``late`` seconds after its cancellation,
+        later than :attr:`cancel_grace`."""
+        assert late <= self.cancel_grace, (
+            f"{call}, cancelled, returned {late:.2f} s after its cancellation, later than "
+            f"cancel_grace = {self.cancel_grace} s: it ignored the cancellation (a shield?)"
+        )

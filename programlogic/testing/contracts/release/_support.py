@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 
 from managers.release.base import ReleaseKey, ReleaseManager
+from programlogic.testing.contracts._base import unwatched
 
 __all__ = [
     "Capabilities",
     "ReleaseSubject",
+    "comparable",
     "held_by",
     "holds",
     "needs_idempotency",
+    "reopened",
 ]
 
 ReadBack = Callable[[], dict[ReleaseKey, Any] | Awaitable[dict[ReleaseKey, Any]]]
@@ -71,35 +74,46 @@ def needs_idempotency(subject: ReleaseSubject) -> None:
 
 
 async def held_by(subject: ReleaseSubject) -> dict[ReleaseKey, Any]:
-    """What the subject's storage holds, as its ``read_back`` gives it."""
-    held = subject.read_back()
-    if inspect.isawaitable(held):
-        held = await held
+    """What the subject's storage holds, as its ``read_back`` gives it (a step of the
+    suite: the loop watchdog does not count it)."""
+    with unwatched():
+        held = subject.read_back()
+        if inspect.isawaitable(held):
+            held = await held
     return held
+
+
+def reopened(subject: ReleaseSubject) -> ReleaseManager:
+    """A new manager over the subject's storage (building it is a step of the suite,
+    synchronous by nature: the loop watchdog does not count it)."""
+    if subject.reopen is None:
+        raise ValueError("the subject has no reopen")
+    with unwatched():
+        return subject.reopen()
 
 
 async def holds(subject: ReleaseSubject, expected: dict[ReleaseKey, Any]) -> None:
     """Assert that the subject's storage holds ``expected``, normalized, and nothing else."""
     held = await held_by(subject)
     normalize = subject.capabilities.normalize
-    wanted = {key: _comparable(normalize(value)) for key, value in expected.items()}
-    assert {key: _comparable(value) for key, value in held.items()} == wanted
+    wanted = {key: comparable(normalize(value)) for key, value in expected.items()}
+    assert {key: comparable(value) for key, value in held.items()} == wanted
 
 
-def _comparable(value: Any) -> Any:
+def comparable(value: Any) -> Any:
     """``value`` with its arrays made comparable with ``==`` (dtype, shape and items)."""
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape, value.tolist())
     if isinstance(value, dict):
-        return {key: _comparable(child) for key, child in value.items()}
+        return {key: comparable(child) for key, child in value.items()}
     if isinstance(value, list):
-        return [_comparable(child) for child in value]
+        return [comparable(child) for child in value]
     if isinstance(value, tuple):
-        return tuple(_comparable(child) for child in value)
+        return tuple(comparable(child) for child in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         return (
             type(value),
-            {field.name: _comparable(getattr(value, field.name)) for field in fields},
+            {field.name: comparable(getattr(value, field.name)) for field in fields},
         )
     return value
