@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +23,7 @@ from programlogic._checks import (
 )
 from programlogic._configuration import describe_run
 from programlogic._persister import Cadence, Persister, evaluations_stopped_on_failure
+from programlogic._privacy_run import NO_PRIVACY, NoPrivacy, PrivateRun, run_privacy
 from programlogic._resume import load_resumable
 from programlogic._stopper import Stopper
 from programlogic.checkpoint import Checkpoint
@@ -109,6 +111,8 @@ async def train_model(
     resume_with_changed_configuration: bool = False,
     checkpoint_every: int = 1,
     checkpoint_interval: datetime.timedelta | None = None,
+    privacy_ledger: str | os.PathLike[str] | None = None,
+    privacy_spent_acknowledged: float | None = None,
 ) -> TrainingResult:
     """Train ``train_process`` for ``train_total_rounds`` rounds, resuming where it stopped.
 
@@ -184,6 +188,33 @@ async def train_model(
     training; if the checkpoint already holds the last round, only the final release
     (and evaluation) is made sure of.
 
+    Differential privacy: a ``train_process`` whose ``privacy_accounting()`` returns a
+    :class:`~programlogic.privacy.PrivacyAccounting` (a process built with
+    ``dp_mean``) is a DP run, with one accounting, the aggregator's mechanism's. A
+    :class:`~programlogic.privacy.PrivacyBudgetStopping` in ``stopping`` (or in an
+    ``AnyOf``) of another mechanism or delta is refused before round 1 with a
+    ``ValueError`` naming both values (build it with the aggregator's
+    ``budget_stopping(epsilon)``), and so is one given to a process that accounts no
+    privacy. Spent privacy is not program state: each round is recorded in a
+    :class:`~programlogic.privacy.PrivacyLedger` (append-only, fsynced, one entry per
+    noise secret and round, so a replayed round counts once) before its checkpoint is
+    saved. The ledger is ``privacy_ledger``, or by default the file
+    :func:`~programlogic.privacy.ledger_path_beside` the directory of a file state
+    manager (``<state dir>.privacy_ledger.jsonl``, outside that directory); a DP run
+    with neither (a memory state manager and no path) is refused before round 1 with a
+    ``ValueError``. Every start reads it and cross-checks it with the checkpoint's
+    round and the aggregator's round count:
+    :class:`~programlogic.exceptions.PrivacySpentError`, naming the epsilon spent at
+    delta and the rounds, refuses to start over while the ledger holds rounds (the
+    state directory deleted, every version damaged with ``on_all_damaged="start_fresh"``)
+    and to resume a checkpoint whose aggregator counts other rounds than its round (an
+    edited checkpoint). ``privacy_spent_acknowledged``, the epsilon the ledger records
+    (to a relative 1e-3), lets a run start over knowingly: the budget stop and the
+    released ``privacy/epsilon`` then count what earlier noise secrets spent, composed
+    with the new run's rounds. The ledger survives losing the program state; it does
+    not survive deleting the run's root directory (the ledger with it), nor does it
+    see a run with another root trained on the same data.
+
     Errors: when the process, a save, a release, the stopping policy or an evaluation
     raises, ``train_model`` fails with that same exception object, and with nothing
     else: the saves, releases and rounds that this failure cancels add no error of
@@ -230,6 +261,14 @@ async def train_model(
     cadence = Cadence(clock, train_total_rounds, checkpoint_every, checkpoint_interval)
     check_cadence(cadence, get_context(), periodicity)
     warn_of_long_waits(stopping, stopping_waits_for_evaluations, evaluation_manager)
+    privacy = run_privacy(
+        process=train_process,
+        state_manager=program_state_manager,
+        stopping=stopping,
+        ledger=privacy_ledger,
+        acknowledged=privacy_spent_acknowledged,
+        clock=clock,
+    )
     persister = Persister(
         process=train_process,
         state_manager=program_state_manager,
@@ -259,8 +298,10 @@ async def train_model(
             persister=persister,
             clock=clock,
         ),
+        privacy=privacy,
     )
-    return await program.run()
+    async with privacy:  # a DP run's ledger, open (and locked) for the whole run
+        return await program.run()
 
 
 @dataclasses.dataclass
@@ -282,6 +323,7 @@ class _Program:
     persister: Persister
     stopper: Stopper
     configuration: dict[str, Any] | None = None
+    privacy: PrivateRun | NoPrivacy = NO_PRIVACY
 
     async def run(self) -> TrainingResult:
         """Train from the initial state or the newest checkpoint to the last round."""
@@ -298,6 +340,7 @@ class _Program:
             configuration=self.configuration,
             allow_changed_configuration=self.allow_changed_configuration,
         )
+        await self.privacy.check_start(initial_state, loaded)  # a DP run's ledger, checked
         # The persister saves and releases one round while the loop computes the next; an
         # unbuffered stream holds the loop back until the previous round is taken. This
         # method owns the receiving end: it stays open when the persister fails, so the
@@ -353,6 +396,7 @@ class _Program:
                 break
             clients = self._select(round_num)
             output = await self._train_round(checkpoint.train_state, clients)
+            output = await self.privacy.record(round_num, output)  # before the round's save
             checkpoint = self._checkpoint(
                 output.state, round_num, output.metrics, checkpoint.last_evaluation
             )
