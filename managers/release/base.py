@@ -35,6 +35,15 @@ class ReleaseManager(AsyncClosing, abc.ABC):
       cancelled leaves what other keys hold intact.
     - Concurrent calls on one instance are allowed unless the implementation says
       otherwise.
+    - A call never blocks the event loop: blocking I/O and CPU-heavy work (encoding,
+      writing, fsync) run in worker threads, so that the program's other tasks (the
+      next round, an evaluation, a deadline) go on while a release is in flight.
+    - A cancelled release returns promptly, within a short grace (the contract suite
+      allows half a second), and leaves all of its effect or none: its key holds what
+      it held before or the whole new value, never a part of it, and nothing the
+      release started changes what is stored after it returned. It may finish a write
+      already under way in a thread before returning; it never shields itself from
+      cancellation to go on with a long call.
     - Implementations document what they write and where.
 
     Subclasses need not call ``__init__`` of this class. ``aclose`` and the async
