@@ -177,7 +177,8 @@ async def test_the_count_noise_takes_its_share_of_the_privacy() -> None:
 ROUNDS = 4
 
 
-async def run(state_manager, releases=None, metrics=None):
+async def run(state_manager, releases=None, metrics=None, ledger=None):
+    """Train ROUNDS rounds; a memory state manager needs a privacy ``ledger`` path."""
     built = process(dp_mean(mechanism(0.5), 0.05, delta=DELTA, secret=SECRET))
     async with LocalContext(max_workers=2):
         return await train_model(
@@ -189,12 +190,15 @@ async def run(state_manager, releases=None, metrics=None):
             model_output_manager=releases or MemoryReleaseManager(),
             train_metrics_manager=metrics or MemoryReleaseManager(),
             seed=2,
+            privacy_ledger=ledger,
         )
 
 
 async def test_a_resumed_run_adds_the_same_noise_and_counts_each_round_once(tmp_path) -> None:
     reference_metrics = MemoryReleaseManager()
-    reference = await run(MemoryProgramStateManager(), metrics=reference_metrics)
+    reference = await run(
+        MemoryProgramStateManager(), metrics=reference_metrics, ledger=tmp_path / "reference"
+    )
     root = tmp_path / "state"
     async with FileProgramStateManager(root) as state:
         with pytest.raises(SimulatedCrash):
@@ -213,15 +217,18 @@ async def test_a_resumed_run_adds_the_same_noise_and_counts_each_round_once(tmp_
     assert [expected[key]["rounds"] for key in sorted(expected)] == [1, 2, 3, 4]
 
 
-async def test_the_secret_is_never_released_logged_or_described(caplog) -> None:
+async def test_the_secret_is_never_released_logged_or_described(caplog, tmp_path) -> None:
     caplog.set_level(logging.DEBUG)
     models, metrics = MemoryReleaseManager(), MemoryReleaseManager()
-    result = await run(MemoryProgramStateManager(), models, metrics)
+    ledger = tmp_path / "privacy_ledger.jsonl"
+    result = await run(MemoryProgramStateManager(), models, metrics, ledger=ledger)
     words = [str(int(word)) for word in result.state["aggregator"]["secret"]]
     released = repr(models.values()) + repr(metrics.values())
     built = process(dp_mean(mechanism(0.5), 0.05, delta=DELTA, secret=SECRET))
     described = repr(built.describe_configuration()) + repr(built.model_aggregator)
-    for text in (released, caplog.text, described):
+    recorded = ledger.read_text()  # the privacy ledger names the secret by a fingerprint
+    assert recorded.count("\n") == ROUNDS + 1
+    for text in (released, caplog.text, described, recorded):
         assert str(SECRET) not in text and hex(SECRET)[2:] not in text.lower()
         assert not any(word in text for word in words)
 
