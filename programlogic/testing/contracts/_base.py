@@ -44,38 +44,59 @@ class LoopWatchdog:
     """Measures how long the event loop goes without running its tasks (its stalls).
 
     :meth:`run` is the watchdog task; :attr:`stalls` lists, in seconds, each of its
-    sleeps that took longer than ``limit``, except those overlapping :meth:`unwatched`.
+    sleeps that took longer than ``limit``, less the time spent in :meth:`unwatched`
+    steps meanwhile.
     """
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.stalls: list[float] = []
-        self._unwatched = 0
-        self._changes = 0  # of _unwatched: a sleep overlapping an unwatched step is not counted
+        self._depth = 0  # of unwatched steps now under way
+        self._unwatched_s = 0.0  # spent in unwatched steps that are over
+        self._unwatched_since = 0.0  # when the unwatched step under way began
+        self._last = 0.0  # when the watchdog last looked
+        self._unwatched_then = 0.0  # spent in unwatched steps until then
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Watch the loop until cancelled."""
+        self._last = time.monotonic()
+        self._unwatched_then = self._unwatched_until(self._last)
         task_status.started()
-        last, changes = time.monotonic(), self._changes
         while True:
             await anyio.sleep(_TICK_S)
-            now = time.monotonic()
-            if not self._unwatched and self._changes == changes and now - last > self.limit:
-                self.stalls.append(now - last)
-            last, changes = now, self._changes
+            self.look()
+
+    def look(self) -> None:
+        """Note a stall if the loop went longer than ``limit`` since the last look; the
+        task calls it after each sleep, the test once more when it ends (a stall right
+        before the end is seen by no sleep)."""
+        now = time.monotonic()
+        unwatched_now = self._unwatched_until(now)
+        stall = (now - self._last) - (unwatched_now - self._unwatched_then)
+        if stall > self.limit:
+            self.stalls.append(stall)
+        self._last, self._unwatched_then = now, unwatched_now
 
     @contextlib.contextmanager
     def unwatched(self) -> Iterator[None]:
         """A step whose holding of the loop is not counted (the suite's own reads)."""
-        self._unwatched += 1
-        self._changes += 1
+        if self._depth == 0:
+            self._unwatched_since = time.monotonic()
+        self._depth += 1
         try:
             yield
         finally:
-            self._unwatched -= 1
-            self._changes += 1
+            self._depth -= 1
+            if self._depth == 0:
+                self._unwatched_s += time.monotonic() - self._unwatched_since
+
+    def _unwatched_until(self, now: float) -> float:
+        """The seconds spent in unwatched steps from the start until ``now``."""
+        if self._depth == 0:
+            return self._unwatched_s
+        return self._unwatched_s + now - self._unwatched_since
 
     def verdict(self) -> str | None:
         """Why the test fails: the stalls over the limit; ``None`` when there were none."""
@@ -126,6 +147,7 @@ def _watched(
             except BaseException as error:  # raised below, as itself, not in a group
                 failure = error
             finally:
+                watchdog.look()
                 _WATCHDOG.reset(token)
                 group.cancel_scope.cancel()
         verdict = watchdog.verdict()

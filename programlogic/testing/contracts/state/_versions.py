@@ -45,9 +45,14 @@ class VersionTests:
         assert await manager.load_latest() == (state_of(9), 9)
 
     async def test_versions_are_listed_ascending(self, manager: ProgramStateManager) -> None:
-        for version in (0, 2, 3, 10, 11):
+        saved = [0, 2, 3, 10, 11]
+        for version in saved:
             await manager.save(state_of(version), version)
-        assert await manager.get_versions() == kept_versions(manager.retention, [0, 2, 3, 10, 11])
+        expected = kept_versions(manager.retention, saved)
+        assert await manager.get_versions() == expected, (
+            f"after saving versions {saved}, a manager of retention {manager.retention} "
+            f"must list {expected}"
+        )
 
     async def test_saving_an_existing_version_raises_version_exists_error(
         self, manager: ProgramStateManager
