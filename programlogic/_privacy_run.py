@@ -27,11 +27,13 @@ from programlogic.checkpoint import Checkpoint
 from programlogic.exceptions import PrivacySpentError
 from programlogic.privacy import (
     GaussianMechanism,
-    LedgerEntry,
     PrivacyAccounting,
     PrivacyBudgetStopping,
-    PrivacyLedger,
     composed_epsilon,
+)
+from programlogic.privacy_ledger import (
+    LedgerEntry,
+    PrivacyLedger,
     ledger_path_beside,
     secret_fingerprint,
 )
@@ -205,14 +207,11 @@ class PrivateRun:
         acknowledged = self.acknowledged
         if not entries:
             if acknowledged is not None and not _matches(acknowledged, 0.0):
-                raise PrivacySpentError(
+                raise self._spent_error(
                     f"privacy_spent_acknowledged={acknowledged!r}, but the privacy ledger "
                     f"{self.ledger.path} records no privacy spent: is it the ledger of the "
                     "run you mean?",
-                    epsilon=0.0,
-                    delta=self.accounting.delta,
-                    rounds=0,
-                    ledger=self.ledger.path,
+                    0.0,
                 )
             return
         spent = await anyio.to_thread.run_sync(self.ledger.spent, self.accounting.delta)
@@ -276,15 +275,12 @@ class PrivateRun:
         )
         time = int(self.clock.now().timestamp())
         mechanism, delta = self.accounting.mechanism, self.accounting.delta
-        entries = [
-            LedgerEntry(secret, number, number, mechanism, delta, None, time) for number in missing
-        ]
-
-        def append_all() -> None:
-            for entry in entries:
-                self.ledger.append(entry)
-
-        await anyio.to_thread.run_sync(append_all)
+        await self.ledger.record(
+            *(
+                LedgerEntry(secret, number, number, mechanism, delta, None, time)
+                for number in missing
+            )
+        )
 
     async def _aggregator_state(self, train_state: Any) -> Any:
         """The DP aggregator's state in ``train_state``, materialized along its path only."""
@@ -386,12 +382,8 @@ def _inside(path: Path, directory: Path) -> bool:
 
 
 def _matches(acknowledged: float, spent: float) -> bool:
-    return math.isclose(
-        acknowledged,
-        spent,
-        rel_tol=ACKNOWLEDGEMENT_TOLERANCE,
-        abs_tol=ACKNOWLEDGEMENT_TOLERANCE,
-    )
+    tolerance = ACKNOWLEDGEMENT_TOLERANCE
+    return math.isclose(acknowledged, spent, rel_tol=tolerance, abs_tol=tolerance)
 
 
 def _replaced(metrics: Any, path: tuple[str, ...], epsilon: float) -> Any:

@@ -188,32 +188,22 @@ async def train_model(
     training; if the checkpoint already holds the last round, only the final release
     (and evaluation) is made sure of.
 
-    Differential privacy: a ``train_process`` whose ``privacy_accounting()`` returns a
-    :class:`~programlogic.privacy.PrivacyAccounting` (a process built with
-    ``dp_mean``) is a DP run, with one accounting, the aggregator's mechanism's. A
-    :class:`~programlogic.privacy.PrivacyBudgetStopping` in ``stopping`` (or in an
-    ``AnyOf``) of another mechanism or delta is refused before round 1 with a
-    ``ValueError`` naming both values (build it with the aggregator's
-    ``budget_stopping(epsilon)``), and so is one given to a process that accounts no
-    privacy. Spent privacy is not program state: each round is recorded in a
-    :class:`~programlogic.privacy.PrivacyLedger` (append-only, fsynced, one entry per
-    noise secret and round, so a replayed round counts once) before its checkpoint is
-    saved. The ledger is ``privacy_ledger``, or by default the file
-    :func:`~programlogic.privacy.ledger_path_beside` the directory of a file state
-    manager (``<state dir>.privacy_ledger.jsonl``, outside that directory); a DP run
-    with neither (a memory state manager and no path) is refused before round 1 with a
-    ``ValueError``. Every start reads it and cross-checks it with the checkpoint's
-    round and the aggregator's round count:
+    Differential privacy: a process whose ``privacy_accounting()`` returns a
+    :class:`~programlogic.privacy.PrivacyAccounting` (one built with ``dp_mean``) is a
+    DP run. A :class:`~programlogic.privacy.PrivacyBudgetStopping` (in ``stopping`` or
+    an ``AnyOf``) of another mechanism or delta than the aggregator's, or given to a
+    process without noise, is refused before round 1 with a ``ValueError`` naming both
+    values: build it with the aggregator's ``budget_stopping(epsilon)``. Each round is
+    recorded, before its save, in a :class:`~programlogic.privacy_ledger.PrivacyLedger`
+    at ``privacy_ledger``, by default beside a file state manager's directory
+    (:func:`~programlogic.privacy_ledger.ledger_path_beside`; a DP run with neither is
+    refused before round 1). Every start cross-checks it with the checkpoint:
     :class:`~programlogic.exceptions.PrivacySpentError`, naming the epsilon spent at
-    delta and the rounds, refuses to start over while the ledger holds rounds (the
-    state directory deleted, every version damaged with ``on_all_damaged="start_fresh"``)
-    and to resume a checkpoint whose aggregator counts other rounds than its round (an
-    edited checkpoint). ``privacy_spent_acknowledged``, the epsilon the ledger records
-    (to a relative 1e-3), lets a run start over knowingly: the budget stop and the
-    released ``privacy/epsilon`` then count what earlier noise secrets spent, composed
-    with the new run's rounds. The ledger survives losing the program state; it does
-    not survive deleting the run's root directory (the ledger with it), nor does it
-    see a run with another root trained on the same data.
+    delta and the rounds, refuses to start over while it holds rounds (the state
+    deleted, or every version damaged) unless ``privacy_spent_acknowledged`` is that
+    epsilon (then the budget and the released epsilon count it), and refuses a
+    checkpoint whose aggregator counts other rounds than its round (an edited one).
+    The ledger survives losing the program state, not deleting the run's root.
 
     Errors: when the process, a save, a release, the stopping policy or an evaluation
     raises, ``train_model`` fails with that same exception object, and with nothing

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import numpy as np
@@ -32,11 +32,9 @@ from programlogic.learning.aggregators import (
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.metrics import client_sums
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
+from programlogic.privacy import PrivacyAccounting
 from programlogic.process import LearningProcessOutput
 from programlogic.tasks import task_group
-
-if TYPE_CHECKING:
-    from programlogic.privacy import PrivacyAccounting
 
 # MAX_CLIENTS_PER_GROUP and plan_group_size live in _grouped since FedEval shares them;
 # they stay importable from here, outside the public names.
@@ -164,9 +162,8 @@ class WeightedFedAvg(GroupedProcess):
         return described
 
     def privacy_accounting(self) -> PrivacyAccounting | None:
-        """The model aggregator's privacy accounting, for its state under
-        ``"aggregator"`` (None when it adds no noise): how ``train_model`` knows this is a
-        differentially private run (see :class:`~programlogic.privacy.PrivacyAccounting`)."""
+        """The model aggregator's :class:`~programlogic.privacy.PrivacyAccounting`, for its
+        state under ``"aggregator"``; None when it adds no noise (not a DP run)."""
         accounting = self.model_aggregator.privacy_accounting()
         return None if accounting is None else accounting.within("aggregator")
 
