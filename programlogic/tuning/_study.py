@@ -7,23 +7,28 @@ the event loop and never races itself.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import logging
-from collections.abc import Callable
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
-import sqlalchemy
 
 from programlogic._optional import require
 from programlogic.tuning._locks import TrialLocks, check_storage_url, open_locks
 
 optuna = require("optuna", "optuna", "programlogic.tuning", extra="tuning")
+sqlalchemy = require("sqlalchemy", "SQLAlchemy", "programlogic.tuning", extra="tuning")
 
-__all__ = ["Claim", "StudyStore", "derived_seed"]
+__all__ = ["Claim", "StudyStore", "derived_seed", "trial_directory"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,11 @@ ERROR = "error"
 """A failed trial's user attribute: its error, as ``Type: message``."""
 FINAL_ROUND = "final_round"
 """A finished trial's user attribute: the last round it trained."""
+
+
+def trial_directory(root: Path, number: int) -> Path:
+    """Where trial ``number`` of a study under ``root`` keeps its files."""
+    return root / "trials" / str(number)
 
 
 def derived_seed(seed: int, *labels: object) -> int:
@@ -86,6 +96,42 @@ class _SeededSampler(optuna.samplers.BaseSampler):
 
     def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
         self._fresh("after_trial").after_trial(study, trial, state, values)
+
+
+class _CheckedTrial(optuna.Trial):
+    """An ``optuna.Trial`` whose numeric suggestions refuse bounds that are not finite.
+
+    Optuna passes a NaN or infinite bound on to numpy, which fails with an error that
+    names neither the parameter nor the bound (``OverflowError: Range exceeds valid
+    bounds``); a search space's mistake then reads as a bug of the tuner.
+    """
+
+    def suggest_float(
+        self,
+        name: str,
+        low: float,
+        high: float,
+        *,
+        step: float | None = None,
+        log: bool = False,
+    ) -> float:
+        _check_finite_bounds(name, low, high)
+        return super().suggest_float(name, low, high, step=step, log=log)
+
+    def suggest_int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False
+    ) -> int:
+        _check_finite_bounds(name, low, high)
+        return super().suggest_int(name, low, high, step=step, log=log)
+
+
+def _check_finite_bounds(name: str, low: object, high: object) -> None:
+    for which, bound in (("low", low), ("high", high)):
+        if isinstance(bound, numbers.Real) and not math.isfinite(bound):
+            raise ValueError(
+                f"the search space's parameter {name!r} has the {which} bound {bound!r}, "
+                f"not a finite number (bounds {low!r} to {high!r})"
+            )
 
 
 class _TrialCodeError(Exception):
@@ -144,11 +190,14 @@ class StudyStore:
     def open(self) -> None:
         """Connect, take the locks' connection, create the study or check the one there."""
         sqlite = check_storage_url(self._url) == "sqlite"
+        database = None
         if self._url.startswith("sqlite:///"):
-            Path(self._url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            database = Path(self._url.removeprefix("sqlite:///"))
+            database.parent.mkdir(parents=True, exist_ok=True)
         self._locks = open_locks(self._url, self._study_name, self._root)
         settings = {"seed": self._seed, "metric": self._metric}
-        with self._locks.lock_study():  # the first tuner creates the tables, alone
+        with self._locks.lock_study(), _named_database_errors(database, self._root):
+            # The first tuner creates the tables, alone.
             self._storage = optuna.storages.RDBStorage(
                 self._url,
                 # Several tuners may share one SQLite file: wait for its lock, not fail.
@@ -211,6 +260,8 @@ class StudyStore:
                 self._active.add(trial.number)
                 return Claim(trial.number, trial._trial_id, resumed=True)
             if len(trials) < num_trials:
+                # Optuna numbers a study's trials in the order they are created.
+                self._check_no_unknown_run(len(trials))
                 trial_id = self._storage.create_new_trial(self._study._study_id)
                 number = self._storage.get_trial_number_from_id(trial_id)
                 if not self._locks.try_lock_trial(number):
@@ -218,6 +269,21 @@ class StudyStore:
                 self._active.add(number)
                 return Claim(number, trial_id, resumed=False)
             return bool(running)
+
+    def _check_no_unknown_run(self, number: int) -> None:
+        """Refuse to create trial ``number`` when its directory holds files already: a
+        run the study has no record of, which the new trial would resume as its own."""
+        directory = trial_directory(self._root, number)
+        if not directory.is_dir() or not any(directory.iterdir()):
+            return
+        raise RuntimeError(
+            f"trial {number}'s directory {directory} holds a run that the study "
+            f"{self._study_name!r} has no record of (its database was emptied or replaced, "
+            "or lost its newest commits in a power cut), which a new trial would take as "
+            f"its own; to go on from what the study records, move {directory} away (and "
+            "the directories of the trials after it); to keep those runs, restore the "
+            "study database they belong to; or give tune another root"
+        )
 
     def release(self, number: int) -> None:
         """Let go of trial ``number``: finished, or left for a later tuner to resume."""
@@ -243,7 +309,7 @@ class StudyStore:
         """Run ``search_space`` on the trial; the parameters already suggested are kept."""
         study = self.trial_study(claim.number)
         study.get_trials(deepcopy=False)  # Optuna's storage cache learns of the new trial
-        trial = optuna.Trial(study, claim.trial_id)
+        trial = _CheckedTrial(study, claim.trial_id)
         try:
             search_space(trial)
         except Exception as error:  # the user's code: the trial fails, not the tuner
@@ -280,26 +346,79 @@ class StudyStore:
         final_round: int | None = None,
         error: str | None = None,
     ) -> None:
-        """Tell the study the trial ended: complete, pruned or failed."""
+        """Tell the study the trial ended: complete, pruned or failed.
+
+        A complete trial whose objective is NaN raises the ValueError its trial fails
+        with (as a trial's error), recording nothing: Optuna cannot rank a NaN, and a
+        pruned trial is one the pruner stopped early.
+        """
         study = self.trial_study(claim.number)
+        values = None
+        if state == optuna.trial.TrialState.COMPLETE and final_round is not None:
+            intermediate = self._storage.get_trial(claim.trial_id).intermediate_values
+            if final_round not in intermediate:
+                raise self._unreported_error(claim.number, final_round)
+            if math.isnan(intermediate[final_round]):
+                raise _TrialCodeError(
+                    ValueError(
+                        f"the objective {self._metric!r} of trial {claim.number} is nan at "
+                        f"its last round {final_round}, which a study cannot rank: the "
+                        "trial failed (did its training diverge?)"
+                    )
+                )
+            values = [intermediate[final_round]]
         if error is not None:
             self._storage.set_trial_user_attr(claim.trial_id, ERROR, error)
-        values = None
         if final_round is not None:
             self._storage.set_trial_user_attr(claim.trial_id, FINAL_ROUND, final_round)
-            if state == optuna.trial.TrialState.COMPLETE:
-                intermediate = self._storage.get_trial(claim.trial_id).intermediate_values
-                if final_round not in intermediate:
-                    raise RuntimeError(
-                        f"trial {claim.number} ended at round {final_round}, whose "
-                        "evaluation was never reported"
-                    )
-                values = [intermediate[final_round]]
         study.tell(claim.number, values, state=state)
+
+    def _unreported_error(self, number: int, final_round: int) -> RuntimeError:
+        directory = trial_directory(self._root, number)
+        return RuntimeError(
+            f"trial {number}'s run in {directory} ended at round {final_round}, but the "
+            f"study {self._study_name!r} has no record of its evaluation (its database "
+            "lost its newest commits, as in a power cut, or was replaced by an older "
+            f"copy), so the trial has no value; move {directory} away to run the trial "
+            "again from its start, or restore the study database the run belongs to"
+        )
 
     def trials(self) -> list[Any]:
         """Every trial of the study (``optuna.trial.FrozenTrial``), in number order."""
         return self._study.get_trials(deepcopy=True)
+
+
+@contextlib.contextmanager
+def _named_database_errors(database: Path | None, root: Path) -> Iterator[None]:
+    """Raise what SQLite says about the study ``database`` file as an error naming it."""
+    try:
+        yield
+    except sqlalchemy.exc.DatabaseError as error:
+        if database is None:
+            raise
+        cause = str(getattr(error, "orig", None) or error)
+        effective = os.access in os.supports_effective_ids
+        writable = all(
+            os.access(path, os.W_OK, effective_ids=effective)
+            for path in (database, database.parent)
+            if path.exists()
+        )
+        if not writable:
+            raise PermissionError(
+                errno.EACCES,
+                f"cannot open the study database read-write ({cause}): it or its "
+                "directory is read-only for this process, and SQLite writes both (its "
+                "write-ahead log lives beside it); make them writable, or copy the study "
+                "to a writable place and give tune that copy",
+                str(database),
+            ) from error
+        if "not a database" in cause or "malformed" in cause:
+            raise RuntimeError(
+                f"cannot open the study database {database}: it is damaged ({cause}); "
+                "restore it from a backup, or move it away to start the study afresh "
+                f"(and move {root / 'trials'} too, whose trials it recorded)"
+            ) from error
+        raise RuntimeError(f"cannot open the study database {database}: {cause}") from error
 
 
 def _sqlite_write_ahead(connection: Any, record: Any) -> None:

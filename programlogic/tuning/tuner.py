@@ -26,7 +26,14 @@ from programlogic.context import check_in_federated_context
 from programlogic.tasks import task_group
 from programlogic.training import final_model_key
 from programlogic.tuning._locks import check_storage_url
-from programlogic.tuning._study import ERROR, FINAL_ROUND, Claim, StudyStore, optuna
+from programlogic.tuning._study import (
+    ERROR,
+    FINAL_ROUND,
+    Claim,
+    StudyStore,
+    optuna,
+    trial_directory,
+)
 from programlogic.tuning._trial import PRUNED, TrialProgram, TrialSpec, build_program, run_trial
 
 __all__ = ["StudyProgress", "TrialSummary", "TuningResult", "tune"]
@@ -120,7 +127,9 @@ async def tune(
     Runs in the current federated context, which the trials share. A trial:
 
     1. gets its parameters from ``search_space(trial)``, a function of an
-       ``optuna.Trial`` that calls its ``suggest_*`` methods (on a worker thread);
+       ``optuna.Trial`` that calls its ``suggest_*`` methods (on a worker thread); a
+       bound of ``suggest_float`` or ``suggest_int`` that is NaN or infinite fails the
+       trial with a ValueError naming the parameter and the bound;
     2. gets a :class:`TrialProgram` from ``build_trial(TrialSpec(number, params,
        directory))`` (a coroutine function, or a function run on a worker thread);
     3. is a ``train_model`` run with file program state, CSV metrics
@@ -134,7 +143,11 @@ async def tune(
        report, and a pruned trial stops at that round with stop reason ``"pruned"``;
     5. ends complete, with the last round's metric as its value, or pruned, or failed
        (its program raised: the error is kept in its user attribute ``"error"`` and the
-       study goes on, unless ``fail_fast``, which raises it).
+       study goes on, unless ``fail_fast``, which raises it). A last round's metric that
+       is NaN (a diverging training) fails the trial with a ValueError saying so, as
+       Optuna's own ``optimize`` does: a study cannot rank NaN, and "pruned" would say
+       the pruner stopped it early, which it did not; samplers learn nothing from a
+       failed trial.
 
     The study lives in Optuna's RDB ``storage`` (any SQLAlchemy URL of SQLite or
     PostgreSQL; ``sqlite:///<root>/study.db`` by default) under ``study_name``, maximizing
@@ -149,13 +162,20 @@ async def tune(
     tuner holds a lock on each trial it runs (a file lock beside SQLite, an advisory
     lock in PostgreSQL) that dies with it: tuners sharing a study (and ``root``) split
     its trials, and take over the running trials of one that died, checking for them
-    every ``poll_interval`` once there is no other work. ``tune`` returns when no trial
+    every ``poll_interval`` once there is no other work. A trial directory that holds
+    files before the study created its trial (the study's database emptied or
+    replaced, or its newest commits lost in a power cut) is refused with a RuntimeError
+    naming it and what to do, and so is a running trial whose run ended but whose last
+    evaluation the study has no record of: a trial never takes over a run it did not
+    make, nor ends without a value. ``tune`` returns when no trial
     is left to run or running. ``on_progress(StudyProgress)`` is called (on the event
-    loop) once the study is open, then whenever a trial of this tuner starts or ends.
+    loop) once the study is open, then whenever a trial of this tuner starts (its
+    parameters suggested, so the report shows them) or ends.
 
-    Raises what the storage or the locks raise (a failure of the tuner itself), and a
-    trial's error with ``fail_fast``; the trials that were running are then left to
-    resume.
+    Raises what the storage or the locks raise (a failure of the tuner itself): a
+    SQLite study database that is damaged raises a RuntimeError naming the file, one
+    this process cannot write a PermissionError naming it. With ``fail_fast``, raises
+    a trial's error. The trials that were running are then left to resume.
     """
     check_callable("search_space", search_space)
     check_callable("build_trial", build_trial)
@@ -230,7 +250,6 @@ class _Tuner:
                 await anyio.sleep(poll_interval.total_seconds())
                 continue
             try:
-                await self.progress(claim.number)
                 await self._run(claim)
             finally:
                 with anyio.CancelScope(shield=True):
@@ -254,26 +273,35 @@ class _Tuner:
         logger.info("%s trial %d", "resuming" if claim.resumed else "starting", claim.number)
         try:
             params = await store.call(store.suggest, claim, self._search_space)
+        except Exception as error:
+            await self._fail(claim, error)
+            return
+        await self.progress(claim.number)  # started, with the parameters it uses
+        try:
             program = await build_program(
                 self._build_trial, TrialSpec(claim.number, params, directory)
             )
             result = await run_trial(store, claim, program, self._metric, directory)
+            pruned = result.stop_reason == PRUNED
+            state = optuna.trial.TrialState.PRUNED if pruned else optuna.trial.TrialState.COMPLETE
+            await store.call(store.finish, claim, state, result.round_num)
         except Exception as error:
-            if store.failure is not None:
-                raise store.failure from None
-            logger.error("trial %d failed", claim.number, exc_info=error)
-            failed = optuna.trial.TrialState.FAIL
-            await store.call(store.finish, claim, failed, None, f"{type(error).__name__}: {error}")
-            if self._fail_fast:
-                raise
+            await self._fail(claim, error)
             return
-        state = optuna.trial.TrialState.PRUNED if result.stop_reason == PRUNED else None
-        await store.call(
-            store.finish, claim, state or optuna.trial.TrialState.COMPLETE, result.round_num
-        )
         logger.info(
             "trial %d ended %s at round %d", claim.number, result.stop_reason, result.round_num
         )
+
+    async def _fail(self, claim: Claim, error: Exception) -> None:
+        """Record ``error`` as the trial's, or raise it: the tuner's own, or ``fail_fast``."""
+        store = self._store
+        if store.failure is not None:
+            raise store.failure from None
+        logger.error("trial %d failed", claim.number, exc_info=error)
+        failed = optuna.trial.TrialState.FAIL
+        await store.call(store.finish, claim, failed, None, f"{type(error).__name__}: {error}")
+        if self._fail_fast:
+            raise error
 
     async def progress(self, number: int | None) -> None:
         """Tell ``on_progress`` where the study stands, and which trial changed."""
@@ -311,11 +339,6 @@ def _summary(trial: Any, root: Path) -> TrialSummary:
         final_round=trial.user_attrs.get(FINAL_ROUND),
         error=trial.user_attrs.get(ERROR),
     )
-
-
-def trial_directory(root: Path, number: int) -> Path:
-    """Where trial ``number`` of a study under ``root`` keeps its files."""
-    return root / "trials" / str(number)
 
 
 def _best(trials: list[TrialSummary], direction: str) -> TrialSummary | None:
