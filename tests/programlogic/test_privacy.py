@@ -10,19 +10,16 @@ from typing import Any
 
 import pytest
 
-from managers import FileProgramStateManager, MemoryReleaseManager
-from programlogic import LocalContext, StopReason, final_model_key, train_model
+from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryReleaseManager
+from programlogic import StopReason, final_model_key
 from programlogic.privacy import (
     PRIVACY_BUDGET_EXHAUSTED,
     GaussianMechanism,
     PrivacyBudgetStopping,
+    composed_epsilon,
 )
-from programlogic.testing import (
-    CrashingStateManager,
-    FakeDataSource,
-    FakeLearningProcess,
-    SimulatedCrash,
-)
+from programlogic.testing import CrashingStateManager, SimulatedCrash
+from tests.programlogic.dp_helpers import dp_process, train
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -228,19 +225,40 @@ async def test_the_budget_allows_the_rounds_whose_epsilon_is_within_it() -> None
     assert no_noise.rounds_within_budget() == 0
 
 
+async def test_the_budget_counts_the_rounds_spent_before_the_run() -> None:
+    expected = rounds_within(MECHANISM, BUDGET)
+    policy = PrivacyBudgetStopping(MECHANISM, epsilon=BUDGET, delta=DELTA)
+    policy.count_spent_before({MECHANISM: 2})
+    assert policy.rounds_within_budget() == expected - 2
+    assert await policy.before_round(expected - 2) is None
+    assert await policy.before_round(expected - 1) is PRIVACY_BUDGET_EXHAUSTED
+    noisier = GaussianMechanism(4.0, 20, 4)
+    policy.count_spent_before({noisier: 5})  # replaces what was counted
+    assert policy.spent(3) == composed_epsilon({noisier: 5, MECHANISM: 3}, DELTA)
+    assert MECHANISM.epsilon(3, DELTA) < policy.spent(3) < MECHANISM.epsilon(8, DELTA)
+    policy.count_spent_before({})
+    assert policy.rounds_within_budget() == expected
+
+
+async def test_rounds_of_another_adjacency_do_not_compose() -> None:
+    uniform = GaussianMechanism(2.0, 20, 4, sampling="uniform")
+    with pytest.raises(ValueError, match="add_or_remove_one and replace_one adjacency cannot"):
+        composed_epsilon({MECHANISM: 1, uniform: 1}, DELTA)
+    assert composed_epsilon({}, DELTA) == 0.0
+    assert composed_epsilon({MECHANISM: 0, GaussianMechanism(0, 20, 4): 1}, DELTA) == math.inf
+
+
 async def run(root: Any, models: MemoryReleaseManager, *, crash_on: int | None = None) -> Any:
-    """Train up to 40 rounds under the budget, the state in files under ``root``."""
-    async with FileProgramStateManager(root) as states, LocalContext():
-        return await train_model(
-            train_process=FakeLearningProcess(),
-            train_data_source=FakeDataSource(20),
-            train_per_round_clients=4,
-            train_total_rounds=40,
-            program_state_manager=states
-            if crash_on is None
-            else CrashingStateManager(states, crash_on),
-            model_output_manager=models,
-            stopping=PrivacyBudgetStopping(MECHANISM, epsilon=BUDGET, delta=DELTA),
+    """Train a DP process up to 40 rounds under the aggregator's budget stop, the state in
+    files under ``root`` (the privacy ledger beside it)."""
+    process = dp_process(MECHANISM, delta=DELTA)
+    async with FileProgramStateManager(root) as states:
+        return await train(
+            process,
+            states if crash_on is None else CrashingStateManager(states, crash_on),
+            rounds=40,
+            models=models,
+            stopping=process.model_aggregator.budget_stopping(BUDGET),
         )
 
 
@@ -250,7 +268,7 @@ async def test_train_model_stops_before_the_round_that_would_exceed_the_budget(t
     result = await run(tmp_path / "state", models)
     assert result.stop_reason == "privacy_budget_exhausted"
     assert result.stop_reason is PRIVACY_BUDGET_EXHAUSTED is StopReason("privacy_budget_exhausted")
-    assert result.round_num == last and result.state["rounds"] == last
+    assert result.round_num == last and result.state["aggregator"]["rounds"] == last
     async with FileProgramStateManager(tmp_path / "state") as states:
         assert (await states.get_versions())[-1] == last
         assert (await states.load(last))["stop_reason"] == "privacy_budget_exhausted"
@@ -269,26 +287,23 @@ async def test_a_resumed_run_stops_at_the_same_round(tmp_path, crash_on: int) ->
     result = await run(tmp_path / "state", models)
     assert result.resumed_from == crash_on - 1
     assert result.stop_reason is PRIVACY_BUDGET_EXHAUSTED and result.round_num == last
-    assert result.state["rounds"] == last  # each round ran once in the state
+    assert result.state["aggregator"]["rounds"] == last  # each round ran once in the state
     assert list(models.values()) == [final_model_key(last)]
     again = await run(tmp_path / "state", MemoryReleaseManager())
     assert again.stop_reason is PRIVACY_BUDGET_EXHAUSTED and again.round_num == last
 
 
-async def test_a_budget_too_small_for_one_round_releases_the_initial_model() -> None:
-    from managers import MemoryProgramStateManager
-
+async def test_a_budget_too_small_for_one_round_releases_the_initial_model(tmp_path) -> None:
     models = MemoryReleaseManager()
-    async with LocalContext():
-        result = await train_model(
-            train_process=FakeLearningProcess(),
-            train_data_source=FakeDataSource(20),
-            train_per_round_clients=4,
-            train_total_rounds=5,
-            program_state_manager=MemoryProgramStateManager(),
-            model_output_manager=models,
-            stopping=PrivacyBudgetStopping(MECHANISM, epsilon=0.5, delta=DELTA),
-        )
+    process = dp_process(MECHANISM, delta=DELTA)
+    result = await train(
+        process,
+        MemoryProgramStateManager(),
+        rounds=5,
+        models=models,
+        stopping=process.model_aggregator.budget_stopping(0.5),
+        privacy_ledger=tmp_path / "privacy_ledger.jsonl",
+    )
     assert result.stop_reason is PRIVACY_BUDGET_EXHAUSTED and result.round_num == 0
     assert list(models.values()) == [final_model_key(0)]
 
