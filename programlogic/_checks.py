@@ -11,6 +11,8 @@ from managers.validation import (
     check_bool,
     check_int,
     check_interface,
+    check_number,
+    check_path,
     check_timedelta,
     describe,
 )
@@ -100,6 +102,13 @@ def check_arguments(**arguments: Any) -> int | datetime.timedelta:
         "checkpoint_interval",
         arguments["checkpoint_interval"],
         above=datetime.timedelta(0),
+        allow_none=True,
+    )
+    check_path("privacy_ledger", arguments["privacy_ledger"], allow_none=True)
+    check_number(
+        "privacy_spent_acknowledged",
+        arguments["privacy_spent_acknowledged"],
+        minimum=0,
         allow_none=True,
     )
     periodicity = arguments["evaluation_periodicity"]

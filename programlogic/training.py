@@ -241,6 +241,8 @@ async def train_model(
         resume_with_changed_configuration=resume_with_changed_configuration,
         checkpoint_every=checkpoint_every,
         checkpoint_interval=checkpoint_interval,
+        privacy_ledger=privacy_ledger,
+        privacy_spent_acknowledged=privacy_spent_acknowledged,
     )
     iterator = train_data_source.iterator(seed)
     try:
