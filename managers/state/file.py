@@ -60,7 +60,7 @@ from managers.state._file_format import (
 from managers.state._file_lock import is_writable, lock_directory, read_only_error
 from managers.state.base import ProgramStateManager, Retention, check_version
 from managers.validation import check_bool, check_choice, check_int, check_path, check_str
-from managers.writes import WriteQueue
+from managers.writes import PreparedWrite, WriteQueue
 
 __all__ = ["FileProgramStateManager", "StateDirectoryLockedError"]
 
@@ -128,10 +128,11 @@ class FileProgramStateManager(ProgramStateManager):
     and retention for a save); calls on one instance are serialized. A cancelled call
     whose thread has started waits for it to finish before the cancellation is raised:
     a cancelled save has then either saved its version completely or, when it was
-    cancelled before its thread started, not at all. Inside a
-    :class:`~managers.writes.WriteBatch`'s ``gathering`` a save is only queued, and made
-    (or its failure raised) by the batch's ``flush``. Do not mutate the state while its
-    save is in flight: its arrays are written from the thread, without a copy.
+    cancelled before its thread started, not at all. When :meth:`save` returns, the
+    version is on disk, whoever calls it. :meth:`prepare_save` offers the same write
+    for a :class:`~managers.writes.WriteBatch`, which makes it together with other
+    managers' writes in one worker-thread call. Do not mutate the state while its save
+    is in flight: its arrays are written from the thread, without a copy.
 
     Example::
 
@@ -200,6 +201,12 @@ class FileProgramStateManager(ProgramStateManager):
 
     async def save(self, state: Any, version: int) -> None:
         await self._calls.submit(self._in_directory, self._save, state, version)
+
+    async def prepare_save(self, state: Any, version: int) -> PreparedWrite:
+        """The write of :meth:`save`, not made: a :class:`~managers.writes.WriteBatch`
+        flush makes it (checks, encoding and retention included), or raises what
+        :meth:`save` would raise. Until then the version is not saved."""
+        return self._calls.prepare(self._in_directory, self._save, state, version)
 
     async def load(self, version: int, structure: Any = None) -> Any:
         return await self._run(self._load, version, structure)
