@@ -224,9 +224,10 @@ class PrivacyLedger:
         if self._descriptor is not None:
             raise RuntimeError(f"{self!r} is already open")
         directory = self.path.parent
-        if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
-            fsync_directory(directory.parent)
+        created = [each for each in (directory, *directory.parents) if not each.exists()]
+        directory.mkdir(parents=True, exist_ok=True)
+        for each in reversed(created):  # each new directory's entry made durable
+            fsync_directory(each.parent)
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         descriptor = os.open(self.path, flags, 0o644)
         try:
