@@ -203,7 +203,8 @@ async def train_model(
     deleted, or every version damaged) unless ``privacy_spent_acknowledged`` is that
     epsilon (then the budget and the released epsilon count it), and refuses a
     checkpoint whose aggregator counts other rounds than its round (an edited one).
-    The ledger survives losing the program state, not deleting the run's root.
+    The ledger survives losing the program state; it does not survive deleting the
+    run's root (the ledger with it), nor does it see a new root trained on the same data.
 
     Errors: when the process, a save, a release, the stopping policy or an evaluation
     raises, ``train_model`` fails with that same exception object, and with nothing
