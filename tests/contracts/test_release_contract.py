@@ -476,6 +476,13 @@ _KERAS_SAVE_WARNS = pytest.mark.filterwarnings(
 
 @_KERAS_SAVE_WARNS
 class TestKerasModelReleaseManager(ReleaseManagerContract):
+    # The manager writes in a worker thread, where TensorFlow traces the export's graphs
+    # in pure Python: that thread holds the GIL most of the time, and on a loaded machine
+    # the event loop, back from its select, waited up to 0.3 s for it (seen with
+    # faulthandler's dumps; 25 ms at most on an idle one). A bound above that still
+    # fails a release that blocks the loop itself for a second.
+    loop_stall_limit = 0.75
+
     @pytest.fixture
     def subject(self, tmp_path: Path) -> ReleaseSubject:
         from programlogic.learning import KerasModelReleaseManager

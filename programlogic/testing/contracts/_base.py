@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -44,25 +45,28 @@ class LoopWatchdog:
     """Measures how long the event loop goes without running its tasks (its stalls).
 
     :meth:`run` is the watchdog task; :attr:`stalls` lists, in seconds, each of its
-    sleeps that took longer than ``limit``, less the time spent in :meth:`unwatched`
-    steps meanwhile.
+    sleeps that took longer than ``limit``, less the time excused meanwhile: the suite's
+    own steps (:meth:`unwatched`) and, within :meth:`excusing_garbage_collection`, the
+    interpreter's garbage collections (a pause of every thread, as long whichever call
+    allocated: about 0.2 s for each full collection once TensorFlow is imported).
     """
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.stalls: list[float] = []
         self._depth = 0  # of unwatched steps now under way
-        self._unwatched_s = 0.0  # spent in unwatched steps that are over
+        self._excused_s = 0.0  # in unwatched steps that are over, and collections
         self._unwatched_since = 0.0  # when the unwatched step under way began
+        self._collecting_since = 0.0  # when the collection under way began
         self._last = 0.0  # when the watchdog last looked
-        self._unwatched_then = 0.0  # spent in unwatched steps until then
+        self._excused_then = 0.0  # excused until then
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Watch the loop until cancelled."""
         self._last = time.monotonic()
-        self._unwatched_then = self._unwatched_until(self._last)
+        self._excused_then = self._excused_until(self._last)
         task_status.started()
         while True:
             await anyio.sleep(_TICK_S)
@@ -73,11 +77,11 @@ class LoopWatchdog:
         task calls it after each sleep, the test once more when it ends (a stall right
         before the end is seen by no sleep)."""
         now = time.monotonic()
-        unwatched_now = self._unwatched_until(now)
-        stall = (now - self._last) - (unwatched_now - self._unwatched_then)
+        excused_now = self._excused_until(now)
+        stall = (now - self._last) - (excused_now - self._excused_then)
         if stall > self.limit:
             self.stalls.append(stall)
-        self._last, self._unwatched_then = now, unwatched_now
+        self._last, self._excused_then = now, excused_now
 
     @contextlib.contextmanager
     def unwatched(self) -> Iterator[None]:
@@ -90,13 +94,28 @@ class LoopWatchdog:
         finally:
             self._depth -= 1
             if self._depth == 0:
-                self._unwatched_s += time.monotonic() - self._unwatched_since
+                self._excused_s += time.monotonic() - self._unwatched_since
 
-    def _unwatched_until(self, now: float) -> float:
-        """The seconds spent in unwatched steps from the start until ``now``."""
+    @contextlib.contextmanager
+    def excusing_garbage_collection(self) -> Iterator[None]:
+        """Within it, the time the interpreter spends collecting garbage is not counted."""
+        gc.callbacks.append(self._on_collection)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._collecting_since = time.monotonic()
+        elif self._depth == 0:  # else the unwatched step excuses it already
+            self._excused_s += time.monotonic() - self._collecting_since
+
+    def _excused_until(self, now: float) -> float:
+        """The seconds excused from the start until ``now``."""
         if self._depth == 0:
-            return self._unwatched_s
-        return self._unwatched_s + now - self._unwatched_since
+            return self._excused_s
+        return self._excused_s + now - self._unwatched_since
 
     def verdict(self) -> str | None:
         """Why the test fails: the stalls over the limit; ``None`` when there were none."""
@@ -143,11 +162,14 @@ def _watched(
             await group.start(watchdog.run)
             token = _WATCHDOG.set(watchdog)
             try:
-                await test(self, *args, **kwargs)
+                with watchdog.excusing_garbage_collection():
+                    try:
+                        await test(self, *args, **kwargs)
+                    finally:
+                        watchdog.look()
             except BaseException as error:  # raised below, as itself, not in a group
                 failure = error
             finally:
-                watchdog.look()
                 _WATCHDOG.reset(token)
                 group.cancel_scope.cancel()
         verdict = watchdog.verdict()
