@@ -1,8 +1,9 @@
-"""The library's modules and functions stay small enough to read in one sitting.
+"""The library's functions stay small enough to read in one sitting.
 
-A module of ``programlogic`` or ``managers`` has at most 400 lines, and a function or
-method at most 80 lines of code below its docstring (the docstring, which states the
-contract, does not count).
+A function or method of ``programlogic`` or ``managers`` has at most 80 lines of code
+below its docstring (the docstring, which states the contract, does not count). A
+module has no such limit: it is as long as its concept, and is split when a second
+concept moves in, never to fit a number.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 pytestmark = pytest.mark.anyio
 
 ROOT = pathlib.Path(__file__).parent.parent
-MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 SOURCES = sorted(
     path for package in ("programlogic", "managers") for path in (ROOT / package).rglob("*.py")
@@ -32,10 +32,8 @@ def code_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(ROOT)))
-async def test_a_module_and_its_functions_stay_small(path: pathlib.Path) -> None:
+async def test_a_module_s_functions_stay_small(path: pathlib.Path) -> None:
     source = path.read_text()
-    lines = len(source.splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{lines} lines: split the module"
     too_long = [
         f"{node.name} (line {node.lineno}): {code_lines(node)} lines"
         for node in ast.walk(ast.parse(source))
