@@ -19,6 +19,12 @@ ray.cloudpickle.register_pickle_by_value(context_contract)
 
 
 class TestRayContext(FederatedContextContract):
+    # RayContext connects in its session's thread, but the process's first ray.init
+    # holds the GIL while Ray's core worker starts (0.4-0.55 s here, seen with
+    # faulthandler's dumps): the event loop waits for it once. Later calls stall it
+    # less than 0.1 s.
+    loop_stall_limit = 1.0
+
     @pytest.fixture(params=["asyncio"])
     def anyio_backend(self, request: pytest.FixtureRequest) -> str:
         return request.param

@@ -15,6 +15,28 @@ its factory fixture::
 Every test runs under asyncio and trio (``pip install 'programlogic[testing]'`` brings
 pytest and trio; anyio's pytest plugin runs the coroutines). The library's own
 implementations are the suites' first users: see ``tests/contracts/``.
+
+Beyond each base's own promises, the suites check these, which hold for every call:
+
+- **The event loop stays free**: blocking I/O and CPU work go to worker threads. Every
+  test runs beside a watchdog task that fails it when the event loop stalls longer
+  than the suite's ``loop_stall_limit``: 0.25 s, generous against a loaded machine's
+  noise and fatal to a blocking call; 1.0 s for learning processes, whose graphs are
+  traced in worker threads that hold the GIL; not watched for data sources, whose
+  calls are synchronous. The suite's own steps (reading the storage back, damaging it,
+  building a manager) and garbage collections are not counted.
+- **A cancelled call returns promptly and leaves all of its effect or none** (release
+  and program-state suites): it returns within ``cancel_grace`` (0.5 s) of its
+  cancellation, a release's key holds its old value or the whole new one and a save's
+  version is saved completely or not at all, and nothing changes once it returned.
+  Calls are cancelled at each of their first scheduling points, and once 0.1 s in.
+- **Retention is declared** (program-state suite): the versions listed after each save
+  are exactly those the manager's ``retention`` keeps (every one when it is ``None``),
+  and the version just saved is never removed.
+
+Set either bound as a class attribute of your subclass (``loop_stall_limit = None``
+turns the watchdog off), and say why there: a first call that imports a heavy module,
+or a library that holds the GIL in its worker thread, may stall the loop for a while.
 """
 
 from pkgutil import iter_modules

@@ -53,6 +53,10 @@ class FederatedDataSourceContract(Contract):
     travel to another process (it then only works with in-process contexts).
     """
 
+    loop_stall_limit = None
+    """Not watched: a source's calls are synchronous, made where the caller makes them
+    (loading a client's data runs in the federated context's workers)."""
+
     distinct_clients: bool = True
     """Whether a round's clients are distinct (sampling without replacement)."""
 

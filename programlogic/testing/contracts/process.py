@@ -61,7 +61,18 @@ class LearningProcessContract(Contract):
     Override ``process`` (the process under test) and ``clients`` (the client handles
     of one round, at least one); override ``make_context`` for a process that runs in
     a particular context. Every round of the suite runs on the same ``clients``.
+
+    Every test runs beside the loop watchdog of
+    :class:`~programlogic.testing.contracts.Contract`: a process's work runs off the
+    event loop, and the suite fails a test during which the loop stalled longer than
+    :attr:`loop_stall_limit`.
     """
+
+    loop_stall_limit: float | None = 1.0
+    """The longest the event loop may stall while a test runs, in seconds. Longer than
+    the other suites' bound: a process's work traces and compiles graphs in worker
+    threads, in Python that holds the GIL, and on a loaded machine the loop waits for it
+    a few tenths of a second; a round computed on the loop itself still fails."""
 
     @pytest.fixture
     def process(self) -> LearningProcess:

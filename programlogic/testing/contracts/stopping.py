@@ -33,7 +33,9 @@ class StoppingPolicyContract(Contract):
     function of the results of rounds ``<= r``; results are durable before ``release``
     returns and a new instance sees them; releasing a round again replaces its result,
     whatever order rounds arrive in, concurrently or not; asking has no side effects,
-    on rounds evaluated or not.
+    on rounds evaluated or not; no call blocks the event loop (every test runs beside
+    the loop watchdog of :class:`~programlogic.testing.contracts.Contract`, bounded by
+    ``loop_stall_limit``, 0.25 s).
     """
 
     stop_values: Sequence[float] = ()

@@ -60,6 +60,11 @@ class FederatedContextContract(
     ``__cause__`` even when it comes from another process; and a cancelled call
     returns only once the client work it started has finished or been interrupted
     (work cut short runs its ``finally`` clauses, or its process is gone).
+
+    Every test runs beside the loop watchdog of
+    :class:`~programlogic.testing.contracts.Contract`: a context runs work off the event
+    loop, and the suite fails a test during which the loop stalled longer than
+    ``loop_stall_limit`` (0.25 s).
     """
 
     streams_aggregation: bool = True
