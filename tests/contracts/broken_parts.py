@@ -13,6 +13,8 @@ import time
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.to_thread
 import pytest
 
 from managers import MemoryProgramStateManager, ReleaseManager, Retention, materialize
@@ -136,6 +138,19 @@ class ShieldedSaveStateManager(MemoryProgramStateManager):
             await super().save(state, version)
 
 
+class AbandoningSaveStateManager(MemoryProgramStateManager):
+    """Returns at once when cancelled, but abandons its save to a thread that lands later."""
+
+    async def save(self, state: Any, version: int) -> None:
+        save = super().save
+
+        def slow_save() -> None:
+            time.sleep(0.3)
+            anyio.from_thread.run(save, state, version)
+
+        await anyio.to_thread.run_sync(slow_save, abandon_on_cancel=True)
+
+
 class IgnoresKeepTotalStateManager(MemoryProgramStateManager):
     """Declares that it keeps the newest two versions, and keeps every one."""
 
@@ -198,6 +213,10 @@ class TestBlockingLoadStateManager(_StateSuite):
 
 class TestShieldedSaveStateManager(_StateSuite):
     manager_class = ShieldedSaveStateManager
+
+
+class TestAbandoningSaveStateManager(_StateSuite):
+    manager_class = AbandoningSaveStateManager
 
 
 class TestIgnoresKeepTotalStateManager(_StateSuite):
