@@ -14,9 +14,13 @@ The bound is generous against a loaded machine's noise and fatal to a blocking c
 The suite's own synchronous steps that reach behind the implementation's back (a
 ``read_back`` that parses the files a sink wrote, a ``StateDamage`` that damages a
 version, a factory building a manager) are not counted: they run :func:`unwatched`.
-Set ``loop_stall_limit = None`` in a subclass to turn the watchdog off, for an
-implementation that cannot keep the promise (say why there), or a larger bound for one
-whose first call imports a heavy module.
+Garbage collections are not counted either: they pause every thread, whichever call
+allocated. :meth:`Contract.__init_subclass__` puts the watchdog around each test method
+of a suite, those a subclass adds or overrides included. Set ``loop_stall_limit =
+None`` in a subclass to turn the watchdog off, for an implementation that cannot keep
+the promise (say why there), or a larger bound for one whose first call imports a heavy
+module or whose worker threads hold the GIL for long (TensorFlow tracing, Ray's
+connect).
 """
 
 from __future__ import annotations
@@ -204,6 +208,7 @@ class Contract:
     seconds; ``None`` turns the watchdog off."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Put the loop watchdog around each test method not yet watched."""
         super().__init_subclass__(**kwargs)
         for name in dir(cls):
             test = getattr(cls, name, None)
