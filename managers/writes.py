@@ -29,11 +29,12 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import anyio.from_thread
 import anyio.to_thread
 
 from managers.validation import check_callable, check_type
 
-__all__ = ["PreparedWrite", "WriteBatch", "WriteQueue", "preparer", "together"]
+__all__ = ["PreparedWrite", "WriteBatch", "WritePart", "WriteQueue", "preparer", "together"]
 
 _T = TypeVar("_T")
 
@@ -98,15 +99,17 @@ class PreparedWrite:
         return self._result
 
 
+WritePart = PreparedWrite | Callable[[], Awaitable[None]] | Exception | None
+"""A part of :func:`together`: a prepared write, a call to await, a failure, or nothing."""
+
+
 class _WritesTogether(PreparedWrite):
     """Several managers' writes (or their failures), made together; see :func:`together`."""
 
     __slots__ = ("_combine", "_parts")
 
     def __init__(
-        self,
-        parts: list[PreparedWrite | Exception | None],
-        combine: Callable[[list[Exception]], Exception],
+        self, parts: list[WritePart], combine: Callable[[list[Exception]], Exception]
     ) -> None:
         super().__init__(None, None, ())  # type: ignore[arg-type]
         self._parts = parts
@@ -122,6 +125,13 @@ class _WritesTogether(PreparedWrite):
             if isinstance(part, PreparedWrite):
                 part._make()
                 part = part._error
+            elif callable(part):
+                try:
+                    anyio.from_thread.run(part)
+                except Exception as error:
+                    part = error
+                else:
+                    part = None
             if isinstance(part, Exception):
                 errors.append(part)
             elif part is not None:
@@ -139,17 +149,18 @@ class _WritesTogether(PreparedWrite):
 
 
 def together(
-    parts: list[PreparedWrite | Exception | None],
-    combine: Callable[[list[Exception]], Exception],
+    parts: list[WritePart], combine: Callable[[list[Exception]], Exception]
 ) -> PreparedWrite:
     """One prepared write that makes each of ``parts``, whatever the others do.
 
     For a combinator that prepares the writes of the managers it wraps (as
-    :class:`~managers.GroupingReleaseManager` does): a part is a
-    :class:`PreparedWrite`, ``None`` (nothing to write) or the ``Exception`` a manager
-    raised while preparing. Every write is made, one after another; then, if any part
-    failed, the write fails with ``combine(failures)`` (failures in the order of
-    ``parts``).
+    :class:`~managers.GroupingReleaseManager` does). A part is a :class:`PreparedWrite`;
+    a coroutine function, for a manager that does not prepare its writes (its
+    ``release``, bound to its arguments), awaited on the event loop when the write is
+    made (the thread making it waits for it); ``None`` (nothing to write); or the
+    ``Exception`` a manager raised while preparing. Parts are made one after another,
+    in order; then, if any part failed, the write fails with ``combine(failures)``
+    (failures in the order of ``parts``). Nothing of it is made before.
     """
     return _WritesTogether(list(parts), combine)
 

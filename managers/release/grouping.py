@@ -11,7 +11,7 @@ from managers.release._ordering import CallOrder
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.validation import check_type, describe
 from managers.values import materialize
-from managers.writes import PreparedWrite, preparer, together
+from managers.writes import PreparedWrite, WritePart, preparer, together
 
 __all__ = ["GroupingReleaseManager"]
 
@@ -25,10 +25,10 @@ class GroupingReleaseManager(ReleaseManager):
     healthy managers hold the value. Then every failure is raised: a single one as
     itself, several as an ``ExceptionGroup`` in the order of ``managers``.
 
-    :meth:`prepare_release` batches what can be batched: the managers that prepare
-    their writes (file sinks) prepare them, the others release at once, and the write
-    returned makes the prepared ones, each whatever the others did, then raises every
-    failure as ``release`` does.
+    :meth:`prepare_release` offers the group's release as one write for a batch: the
+    managers that prepare their writes (file sinks) prepare them, and the write makes
+    them and releases to the others, one after another, each whatever the others did,
+    then raises every failure as ``release`` does.
 
     Idempotent by key as far as its managers are. When releases of one key overlap, the
     last call wins: a call whose value is ready only after a later call of the same key
@@ -68,50 +68,39 @@ class GroupingReleaseManager(ReleaseManager):
                 )
 
     async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
-        """The release of ``value`` under ``key`` as a write for a
+        """The release of ``value`` under ``key`` as one write for a
         :class:`~managers.writes.WriteBatch`: the managers that prepare their writes
-        prepare them, the others release now (concurrently); the write returned makes
-        the prepared ones and raises every failure, those of the others included.
-        ``None`` when every manager released already without a failure, or none has
-        anything to write."""
+        prepare them now, and the write returned makes them and releases to the others
+        (in the order of ``managers``, each whatever the others did), then raises every
+        failure as ``release`` does. Nothing is released before it is made. ``None``
+        when a later release of this key was handed on first."""
         check_key(key)
-        parts: list[PreparedWrite | Exception | None] = [None] * len(self._managers)
         with self._order.call(key) as ticket:
             plain = await materialize(value)
             async with ticket.lock:
-                if ticket.hand_on():
-                    await self._prepare_all(plain, key, parts)
+                if not ticket.hand_on():
+                    return None  # a later release of this key was handed on
+                parts: list[WritePart] = []
+                for manager in self._managers:
+                    parts.append(await _prepared(manager, plain, key))
         if all(part is None for part in parts):
-            return None  # released already, or nothing to write
+            return None  # nothing to write
         return together(parts, lambda errors: _combined(errors, len(parts), f"release key {key!r}"))
-
-    async def _prepare_all(
-        self, value: Any, key: ReleaseKey, parts: list[PreparedWrite | Exception | None]
-    ) -> None:
-        """Fill ``parts``: each manager's prepared write, ``None``, or its failure."""
-        released = []
-        for index, manager in enumerate(self._managers):
-            prepare = preparer(manager, "release")
-            if prepare is None:
-                released.append(index)
-                continue
-            try:
-                parts[index] = await prepare(value, key)
-            except Exception as error:
-                parts[index] = error
-
-        async def release(index: int) -> None:
-            try:
-                await self._managers[index].release(value, key)
-            except Exception as error:  # kept, so that the siblings are not cancelled
-                parts[index] = error
-
-        async with anyio.create_task_group() as group:
-            for index in released:
-                group.start_soon(release, index)
 
     async def aclose(self) -> None:
         await _run_all([manager.aclose for manager in self._managers], "close")
+
+
+async def _prepared(manager: ReleaseManager, value: Any, key: ReleaseKey) -> WritePart:
+    """``manager``'s prepared write of a release, or its release to await when it does
+    not prepare its writes, or the failure of preparing it."""
+    prepare = preparer(manager, "release")
+    if prepare is None:
+        return _bind(manager.release, value, key)
+    try:
+        return await prepare(value, key)
+    except Exception as error:  # kept, so that the other managers still receive it
+        return error
 
 
 def _bind(function: Callable[..., Awaitable[None]], *args: Any) -> Callable[[], Awaitable[None]]:

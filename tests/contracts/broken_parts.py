@@ -17,7 +17,15 @@ import anyio.from_thread
 import anyio.to_thread
 import pytest
 
-from managers import MemoryProgramStateManager, ReleaseManager, Retention, materialize
+from managers import (
+    FileProgramStateManager,
+    MemoryProgramStateManager,
+    PreparedWrite,
+    ReleaseManager,
+    Retention,
+    WriteQueue,
+    materialize,
+)
 from managers.release.base import ReleaseKey, check_key
 from programlogic.testing.contracts import (
     ProgramStateManagerContract,
@@ -85,6 +93,31 @@ class AbandoningReleaseManager(LatestReleaseManager):
         await anyio.to_thread.run_sync(slow_write, abandon_on_cancel=True)
 
 
+class PreparingReleaseManager(LatestReleaseManager):
+    """Correct: prepares its writes for a batch (and makes them itself in ``release``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._writes = WriteQueue()
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        await (await self.prepare_release(value, key)).make()
+
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite:
+        check_key(key)
+        return self._writes.prepare(self.latest.__setitem__, key, await materialize(value))
+
+
+class EagerPreparingReleaseManager(PreparingReleaseManager):
+    """Writes when it prepares, before the batch makes anything: a release that lands
+    before the save a batch makes first."""
+
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite:
+        check_key(key)
+        self.latest[key] = await materialize(value)
+        return self._writes.prepare(lambda: None)
+
+
 class _ReleaseSuite(ReleaseManagerContract):
     manager_class: type[LatestReleaseManager] = LatestReleaseManager
 
@@ -108,6 +141,14 @@ class TestShieldedReleaseManager(_ReleaseSuite):
 
 class TestAbandoningReleaseManager(_ReleaseSuite):
     manager_class = AbandoningReleaseManager
+
+
+class TestPreparingReleaseManager(_ReleaseSuite):
+    manager_class = PreparingReleaseManager
+
+
+class TestEagerPreparingReleaseManager(_ReleaseSuite):
+    manager_class = EagerPreparingReleaseManager
 
 
 # Program-state managers
@@ -229,3 +270,24 @@ class TestDeletesTheVersionJustSavedStateManager(_StateSuite):
 
 class TestDeletesUndeclaredStateManager(_StateSuite):
     manager_class = DeletesUndeclaredStateManager
+
+
+class ForgetfulPreparingStateManager(FileProgramStateManager):
+    """Prepares a write that saves nothing: a batch flushed, the version is not there."""
+
+    async def prepare_save(self, state: Any, version: int) -> PreparedWrite:
+        return WriteQueue().prepare(lambda: None)
+
+
+class TestFileProgramStateManager(ProgramStateManagerContract):
+    """Correct: prepares its saves for a batch."""
+
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Any) -> Any:
+        return lambda: FileProgramStateManager(tmp_path / "state", keep_total=None)
+
+
+class TestForgetfulPreparingStateManager(ProgramStateManagerContract):
+    @pytest.fixture
+    def state_manager_factory(self, tmp_path: Any) -> Any:
+        return lambda: ForgetfulPreparingStateManager(tmp_path / "state", keep_total=None)

@@ -2,7 +2,8 @@
 
 Each broken part of ``broken_parts.py`` breaks one promise of its base (the event loop
 stays free; a cancelled call returns within the grace and changes nothing later;
-retention is what the manager declares). Its suite runs in a fresh pytest process, as
+retention is what the manager declares; a prepared write is made by its batch and
+not before). Its suite runs in a fresh pytest process, as
 a user's test file would, and every test named after the broken promise must fail
 under asyncio and trio, saying why; the correct parts beside them pass the same tests.
 """
@@ -50,6 +51,14 @@ BROKEN = {
         "is not listed right after its save",
     ),
     "TestDeletesUndeclaredStateManager": (RETENTION, "must list"),
+    "TestEagerPreparingReleaseManager": (
+        ["test_a_prepared_release_writes_nothing_before_its_flush"],
+        "wrote its value before the batch made its write",
+    ),
+    "TestForgetfulPreparingStateManager": (
+        ["test_a_prepared_save_is_made_by_the_flush_as_save_makes_it"],
+        "assert 1 in",
+    ),
 }
 
 CORRECT = {
@@ -64,6 +73,16 @@ CORRECT = {
         "test_the_version_just_saved_is_never_removed",
     ],
     "TestKeepingTwoStateManager": [*RETENTION, "test_the_version_just_saved_is_never_removed"],
+    "TestPreparingReleaseManager": [
+        "test_a_prepared_release_writes_nothing_before_its_flush",
+        "test_a_prepared_release_is_written_by_the_flush_as_release_writes_it",
+        "test_a_dropped_prepared_release_leaves_the_other_keys_and_the_manager_goes_on",
+    ],
+    "TestFileProgramStateManager": [
+        "test_a_prepared_save_is_made_by_the_flush_as_save_makes_it",
+        "test_a_dropped_prepared_save_is_never_saved_and_the_version_can_be_saved",
+        "test_a_failed_prepared_save_raises_at_the_flush_and_saves_nothing",
+    ],
 }
 
 

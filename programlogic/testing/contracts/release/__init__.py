@@ -35,6 +35,11 @@ Beyond keys, values and errors, the suite checks two promises of
   leave its key holding what it held before or the whole new value, and change nothing
   once it returned (no shielded or abandoned write lands later).
 
+A manager that offers ``prepare_release`` (write batching, see :mod:`managers.writes`)
+is also checked through it: a prepared release writes nothing until a
+:class:`~managers.WriteBatch` makes its write, then holds what ``release`` would; a
+dropped one leaves the other keys, and the manager goes on.
+
 Set ``loop_stall_limit`` or ``cancel_grace`` in your subclass to change a bound
 (``loop_stall_limit = None`` turns the watchdog off); say why there.
 """
@@ -50,6 +55,7 @@ from programlogic.testing.contracts._base import Contract
 from programlogic.testing.contracts.release._closing import ClosingTests
 from programlogic.testing.contracts.release._failures import FailureTests
 from programlogic.testing.contracts.release._keys import KeyTests
+from programlogic.testing.contracts.release._prepared import PreparedWriteTests
 from programlogic.testing.contracts.release._support import Capabilities, ReleaseSubject
 from programlogic.testing.contracts.release._support import ReadBack as ReadBack
 from programlogic.testing.contracts.release._values import ValueTests
@@ -57,8 +63,10 @@ from programlogic.testing.contracts.release._values import ValueTests
 __all__ = ["Capabilities", "ReleaseManagerContract", "ReleaseSubject"]
 
 
-# pytest runs the tests of the last base first: values, keys, failures, closing.
-class ReleaseManagerContract(ClosingTests, FailureTests, KeyTests, ValueTests, Contract):
+# pytest runs the tests of the last base first: values, keys, failures, closing, prepared.
+class ReleaseManagerContract(
+    PreparedWriteTests, ClosingTests, FailureTests, KeyTests, ValueTests, Contract
+):
     """The promises every :class:`~managers.ReleaseManager` keeps.
 
     Override :meth:`subject` to return a new :class:`ReleaseSubject` (it may be a

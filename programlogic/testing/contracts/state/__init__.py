@@ -35,6 +35,10 @@ Beyond round-trips and versioning, the suite checks three promises of
   how with a :class:`~managers.Retention`; the suite then expects that policy in every
   test, with no override.
 
+A manager that offers ``prepare_save`` (write batching, see :mod:`managers.writes`) is
+also checked through it: the version is saved once a :class:`~managers.WriteBatch`
+made the write, a dropped one is never saved, and a save it refuses fails the flush.
+
 Set ``loop_stall_limit`` or ``cancel_grace`` in your subclass to change a bound
 (``loop_stall_limit = None`` turns the watchdog off); say why there.
 """
@@ -49,6 +53,7 @@ from managers.state.base import ProgramStateManager
 from programlogic.testing.contracts._base import Contract
 from programlogic.testing.contracts.state._damage import DamageTests
 from programlogic.testing.contracts.state._lifecycle import LifecycleTests
+from programlogic.testing.contracts.state._prepared import PreparedSaveTests
 from programlogic.testing.contracts.state._round_trips import RoundTripTests
 from programlogic.testing.contracts.state._support import StateDamage, StateManagerFactory
 from programlogic.testing.contracts.state._versions import VersionTests
@@ -56,9 +61,10 @@ from programlogic.testing.contracts.state._versions import VersionTests
 __all__ = ["ProgramStateManagerContract", "StateDamage"]
 
 
-# pytest runs the tests of the last base first: round-trips, versions, lifecycle, damage.
+# pytest runs the tests of the last base first: round-trips, versions, lifecycle, damage,
+# prepared saves.
 class ProgramStateManagerContract(
-    DamageTests, LifecycleTests, VersionTests, RoundTripTests, Contract
+    PreparedSaveTests, DamageTests, LifecycleTests, VersionTests, RoundTripTests, Contract
 ):
     """The promises every :class:`~managers.ProgramStateManager` keeps.
 
