@@ -46,6 +46,16 @@ class ReleaseManager(AsyncClosing, abc.ABC):
       cancellation to go on with a long call.
     - Implementations document what they write and where.
 
+    Optional, for speed: ``async prepare_release(value, key)`` does what ``release``
+    does up to its write and returns that write as a
+    :class:`~managers.writes.PreparedWrite`, not made (or ``None`` when nothing is to be
+    written), so that a caller makes several managers' writes in one worker-thread call
+    (:class:`~managers.writes.WriteBatch`; ``train_model`` does). Nothing of the release
+    is visible before the write is made. A caller uses ``prepare_release`` only where
+    the class that defines it is the one that defines ``release`` or below it
+    (:func:`~managers.writes.preparer`): a subclass that overrides ``release`` alone is
+    always called through it.
+
     Subclasses need not call ``__init__`` of this class. ``aclose`` and the async
     context manager protocol have no-op defaults; an implementation that holds open
     files or connections releases them in ``aclose``.

@@ -111,6 +111,15 @@ class ProgramStateManager(AsyncClosing, abc.ABC):
       already under way in a thread before returning; it never shields itself from
       cancellation to go on with a long call.
 
+    Optional, for speed: ``async prepare_save(state, version)`` returns the write of a
+    ``save`` as a :class:`~managers.writes.PreparedWrite`, not made (checks may run
+    when it is made), so that a caller makes several managers' writes in one
+    worker-thread call (:class:`~managers.writes.WriteBatch`; ``train_model`` does). The
+    version is saved only once the write is made; a dropped write never saves it. A
+    caller uses ``prepare_save`` only where the class that defines it also defines (or
+    inherits below it) ``save`` (:func:`~managers.writes.preparer`): a subclass that
+    overrides ``save`` alone is always called through it.
+
     Subclasses need not call ``__init__`` of this class. ``aclose`` and the async
     context manager protocol have no-op defaults; an implementation that holds
     resources (a lock, open files) releases them in ``aclose``.
