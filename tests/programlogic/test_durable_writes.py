@@ -29,6 +29,7 @@ from programlogic.testing import (
     SimulatedCrash,
     SlowCall,
 )
+from tests.programlogic.test_checkpoint_cadence import CrashesOnce
 
 pytestmark = pytest.mark.anyio
 
@@ -176,12 +177,11 @@ SAVED_ROUNDS = [0, 3, 6, 8]
 """Rounds of 10 minutes on a fake clock, a checkpoint at least every 25 minutes."""
 
 
-async def train_slowly(
-    state: ProgramStateManager, clock: FakeClock, faults: list[Any] | None = None
-) -> Any:
-    async with FakeContext(faults or [SlowCall(datetime.timedelta(minutes=10))], clock=clock):
+async def train_slowly(state: ProgramStateManager, clock: FakeClock, process: Any = None) -> Any:
+    """8 rounds of 10 minutes on ``clock``, a checkpoint at least every 25 minutes."""
+    async with FakeContext([SlowCall(datetime.timedelta(minutes=10))], clock=clock):
         return await train_model(
-            train_process=FakeLearningProcess(),
+            train_process=process or FakeLearningProcess(),
             train_data_source=FakeDataSource(10),
             train_per_round_clients=3,
             train_total_rounds=8,
@@ -204,40 +204,14 @@ async def test_an_interval_saves_the_same_rounds_every_run(kind: str, tmp_path: 
             assert await state.get_versions() == SAVED_ROUNDS, f"run {run}"
 
 
-class CrashingProcess(FakeLearningProcess):
-    """Raises SimulatedCrash in round ``round_num``, once."""
-
-    def __init__(self, round_num: int) -> None:
-        super().__init__()
-        self.round_num = round_num
-
-    async def next(self, state: Any, clients: Any) -> Any:
-        if state["rounds"] + 1 == self.round_num:
-            self.round_num = -1
-            raise SimulatedCrash(f"crashed in round {state['rounds'] + 1}")
-        return await super().next(state, clients)
-
-
 async def test_a_resumed_interval_counts_from_the_last_save_s_time(tmp_path: Path) -> None:
     """Saved at minutes 0 and 30, crashed at 40 in round 5: the rerun trains rounds 4 and 5
     again (ending at 50 and 60) and saves round 5, the first 25 minutes after the save of
     round 3, not round 6, 25 minutes after the resume."""
     clock = FakeClock()
-    root = tmp_path / "state"
-    ten_minutes = [SlowCall(datetime.timedelta(minutes=10))]
-    async with FileProgramStateManager(root, keep_total=None) as state:
+    async with FileProgramStateManager(tmp_path / "state", keep_total=None) as state:
         with pytest.raises(SimulatedCrash):
-            async with FakeContext(ten_minutes, clock=clock):
-                await train_model(
-                    train_process=CrashingProcess(5),
-                    train_data_source=FakeDataSource(10),
-                    train_per_round_clients=3,
-                    train_total_rounds=8,
-                    program_state_manager=state,
-                    model_output_manager=MemoryReleaseManager(),
-                    clock=clock,
-                    checkpoint_interval=datetime.timedelta(minutes=25),
-                )
+            await train_slowly(state, clock, CrashesOnce(5))
         assert await state.get_versions() == [0, 3]
         result = await train_slowly(state, clock)
         assert result.resumed_from == 3
