@@ -19,7 +19,7 @@ from programlogic.privacy import (
     composed_epsilon,
 )
 from programlogic.testing import CrashingStateManager, SimulatedCrash
-from tests.programlogic.dp_helpers import dp_process, train
+from tests.programlogic.dp_helpers import NEEDS_LEARNING, dp_process, train
 
 dp_accounting = pytest.importorskip("dp_accounting")
 
@@ -262,6 +262,7 @@ async def run(root: Any, models: MemoryReleaseManager, *, crash_on: int | None =
         )
 
 
+@NEEDS_LEARNING
 async def test_train_model_stops_before_the_round_that_would_exceed_the_budget(tmp_path) -> None:
     last = rounds_within(MECHANISM, BUDGET)
     models = MemoryReleaseManager()
@@ -277,6 +278,7 @@ async def test_train_model_stops_before_the_round_that_would_exceed_the_budget(t
     assert direct_epsilon(MECHANISM, last + 1, DELTA) > BUDGET
 
 
+@NEEDS_LEARNING
 @pytest.mark.parametrize("crash_on", [1, 3])
 async def test_a_resumed_run_stops_at_the_same_round(tmp_path, crash_on: int) -> None:
     last = rounds_within(MECHANISM, BUDGET)
@@ -293,6 +295,7 @@ async def test_a_resumed_run_stops_at_the_same_round(tmp_path, crash_on: int) ->
     assert again.stop_reason is PRIVACY_BUDGET_EXHAUSTED and again.round_num == last
 
 
+@NEEDS_LEARNING
 async def test_a_budget_too_small_for_one_round_releases_the_initial_model(tmp_path) -> None:
     models = MemoryReleaseManager()
     process = dp_process(MECHANISM, delta=DELTA)

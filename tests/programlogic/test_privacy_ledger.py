@@ -24,6 +24,7 @@ from programlogic.testing import CrashingStateManager, SimulatedCrash
 from tests.programlogic.dp_helpers import (
     DELTA,
     MECHANISM,
+    NEEDS_LEARNING,
     dp_process,
     released_epsilons,
     train,
@@ -32,7 +33,7 @@ from tests.programlogic.dp_helpers import (
 
 pytest.importorskip("dp_accounting")
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, NEEDS_LEARNING]
 
 BUDGET = 2.0  # 12 rounds of MECHANISM
 
