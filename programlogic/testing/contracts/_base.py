@@ -39,7 +39,13 @@ import anyio.abc
 import anyio.lowlevel
 import pytest
 
-__all__ = ["Contract", "LoopWatchdog", "call_cancelled_after", "unwatched"]
+__all__ = [
+    "Contract",
+    "LoopWatchdog",
+    "assert_returned_within",
+    "call_cancelled_after",
+    "unwatched",
+]
 
 _TICK_S = 0.01
 """How long the watchdog sleeps between two looks at the clock."""
@@ -248,3 +254,12 @@ async def call_cancelled_after(checkpoints: int, call: Callable[[], Awaitable[ob
     if not cancelled_at or cancelled_at[0] > returned_at[0]:
         return 0.0
     return returned_at[0] - cancelled_at[0]
+
+
+def assert_returned_within(grace: float, late: float, call: str) -> None:
+    """Fail when ``call``, cancelled, returned ``late`` seconds after its cancellation,
+    later than ``grace`` (a suite's ``cancel_grace``)."""
+    assert late <= grace, (
+        f"{call}, cancelled, returned {late:.2f} s after its cancellation, later than "
+        f"cancel_grace = {grace} s: it ignored the cancellation (a shield?)"
+    )

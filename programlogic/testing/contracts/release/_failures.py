@@ -16,7 +16,7 @@ import pytest
 
 from managers.release.base import ReleaseKey, ReleaseManager
 from managers.testing import FakeValueReference
-from programlogic.testing.contracts._base import call_cancelled_after
+from programlogic.testing.contracts._base import assert_returned_within, call_cancelled_after
 from programlogic.testing.contracts.release._support import (
     ReleaseSubject,
     _DiskFull,
@@ -105,7 +105,7 @@ class FailureTests:
                     {"loss": FakeValueReference(key / 4, delay=2), "round": key}, key
                 ),
             )
-            self.assert_returned_within_the_grace(late, f"a release of key {key}")
+            assert_returned_within(self.cancel_grace, late, f"a release of key {key}")
         held = await held_by(subject)
         assert 0 in held
         assert set(held) <= set(range(16))
@@ -119,7 +119,7 @@ class FailureTests:
         with anyio.move_on_after(CANCEL_AFTER_S) as scope:
             await manager.release(value, 1)
         late = anyio.current_time() - scope.deadline  # < 0: it returned before its cancellation
-        self.assert_returned_within_the_grace(max(0.0, late), "a release of key 1")
+        assert_returned_within(self.cancel_grace, max(0.0, late), "a release of key 1")
         held = await held_by(subject)
         expected = {0: {"loss": 0.0, "round": 0}} | ({1: value} if 1 in held else {})
         await holds(subject, expected)
@@ -128,11 +128,3 @@ class FailureTests:
             assert comparable(await held_by(subject)) == comparable(held), (
                 "what the storage holds changed after a cancelled release returned"
             )
-
-    def assert_returned_within_the_grace(self, late: float, call: str) -> None:
-        """Fail when ``call``, cancelled, returned ``late`` seconds after its cancellation,
-        later than :attr:`cancel_grace`."""
-        assert late <= self.cancel_grace, (
-            f"{call}, cancelled, returned {late:.2f} s after its cancellation, later than "
-            f"cancel_grace = {self.cancel_grace} s: it ignored the cancellation (a shield?)"
-        )

@@ -14,7 +14,7 @@ import pytest
 
 from managers.exceptions import VersionError, VersionExistsError
 from managers.state.base import ProgramStateManager
-from programlogic.testing.contracts._base import call_cancelled_after
+from programlogic.testing.contracts._base import assert_returned_within, call_cancelled_after
 from programlogic.testing.contracts.state._support import (
     StateManagerFactory,
     kept_versions,
@@ -47,7 +47,7 @@ class LifecycleTests:
             late = await call_cancelled_after(
                 version - 1, lambda version=version: manager.save(state_of(version), version)
             )
-            self.assert_returned_within_the_grace(late, f"a save of version {version}")
+            assert_returned_within(self.cancel_grace, late, f"a save of version {version}")
             versions = await manager.get_versions()
             saved = kept_versions(manager.retention, [version], listed)
             assert versions in (listed, saved), (
@@ -69,7 +69,7 @@ class LifecycleTests:
         with anyio.move_on_after(CANCEL_AFTER_S) as scope:
             await manager.save(state_of(1), 1)
         late = anyio.current_time() - scope.deadline  # < 0: it returned before its cancellation
-        self.assert_returned_within_the_grace(max(0.0, late), "a save of version 1")
+        assert_returned_within(self.cancel_grace, max(0.0, late), "a save of version 1")
         versions = await manager.get_versions()
         assert versions in (listed, kept_versions(manager.retention, [1], listed))
         if late >= 0:
@@ -79,14 +79,6 @@ class LifecycleTests:
             )
         for kept in versions:
             assert await manager.load(kept) == state_of(kept)
-
-    def assert_returned_within_the_grace(self, late: float, call: str) -> None:
-        """Fail when ``call``, cancelled, returned ``late`` seconds after its cancellation,
-        later than :attr:`cancel_grace`."""
-        assert late <= self.cancel_grace, (
-            f"{call}, cancelled, returned {late:.2f} s after its cancellation, later than "
-            f"cancel_grace = {self.cancel_grace} s: it ignored the cancellation (a shield?)"
-        )
 
     # Restarts
 
