@@ -5,31 +5,14 @@ multiplier 2, epsilon reported at delta 1e-5."""
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from typing import Any
 
 import numpy as np
-import pytest
 
 from managers import FileProgramStateManager, MemoryReleaseManager
 from programlogic import InMemoryDataSource, LocalContext, TrainingResult, train_model
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.privacy import GaussianMechanism
-
-
-def _keras_3_installed() -> bool:
-    try:
-        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-NEEDS_LEARNING = pytest.mark.skipif(
-    not _keras_3_installed(),
-    reason="a DP process needs programlogic.learning, which needs Keras 3 (the learning extra)",
-)
-"""For the tests that run :func:`dp_process`: the TFF environment's run of the core
-tests has TensorFlow 2.14's Keras 2."""
 
 FEATURES, CLASSES = 8, 3
 NUM_CLIENTS, PER_ROUND = 20, 4

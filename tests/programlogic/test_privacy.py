@@ -19,7 +19,8 @@ from programlogic.privacy import (
     composed_epsilon,
 )
 from programlogic.testing import CrashingStateManager, SimulatedCrash
-from tests.programlogic.dp_helpers import NEEDS_LEARNING, dp_process, train
+from tests.programlogic.dp_helpers import dp_process, train
+from tests.programlogic.needs_learning import NEEDS_LEARNING
 
 dp_accounting = pytest.importorskip("dp_accounting")
 

@@ -24,12 +24,12 @@ from programlogic.testing import CrashingStateManager, SimulatedCrash
 from tests.programlogic.dp_helpers import (
     DELTA,
     MECHANISM,
-    NEEDS_LEARNING,
     dp_process,
     released_epsilons,
     train,
     train_in,
 )
+from tests.programlogic.needs_learning import NEEDS_LEARNING
 
 pytest.importorskip("dp_accounting")
 

@@ -1,5 +1,4 @@
 import importlib
-import importlib.metadata
 import inspect
 import re
 import subprocess
@@ -11,6 +10,7 @@ import managers
 import programlogic
 import programlogic.privacy as privacy
 import programlogic.testing
+from tests.programlogic.needs_learning import NEEDS_LEARNING
 
 pytestmark = pytest.mark.anyio
 
@@ -90,18 +90,6 @@ async def test_importing_programlogic_never_imports_the_optional_tff_backend() -
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-
-
-def _keras_3_installed() -> bool:
-    try:
-        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-NEEDS_LEARNING = pytest.mark.skipif(
-    not _keras_3_installed(), reason="programlogic.learning needs Keras 3 (the learning extra)"
-)
 
 
 @pytest.mark.parametrize(
