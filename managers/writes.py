@@ -294,10 +294,11 @@ def preparer(manager: object, method: str) -> Callable[..., Awaitable[PreparedWr
     as far down its hierarchy as ``method``: a subclass that overrides ``save`` (to act
     after it, say) without overriding ``prepare_save`` is awaited through its own
     ``save``, so that what it adds is never skipped. The same holds for a ``method``
-    set on the instance. The method itself may still return ``None`` (nothing to
-    batch this time); the caller then calls ``method``.
+    set on the instance. ``prepare_release`` may return ``None``: the release has
+    nothing to write, and is done.
     """
-    if method in vars(manager) or f"prepare_{method}" in vars(manager):
+    own = getattr(manager, "__dict__", {})  # a class with __slots__ has none
+    if method in own or f"prepare_{method}" in own:
         return None
     defines_method = _defining_class(type(manager), method)
     defines_prepare = _defining_class(type(manager), f"prepare_{method}")

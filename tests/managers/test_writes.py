@@ -218,6 +218,14 @@ async def test_a_manager_is_prepared_only_where_its_class_prepares_what_it_saves
     assert preparer(patched, "release") is None
     assert preparer(CSVFileReleaseManager(tmp_path / "n.csv"), "release") is not None
 
+    class Slotted:  # a duck-typed manager whose instances have no __dict__
+        __slots__ = ()
+
+        async def release(self, value: object, key: object) -> None:
+            pass
+
+    assert preparer(Slotted(), "release") is None  # no instance dict: nothing set there
+
 
 class Recording(ReleaseManager):
     def __init__(self, name: str, log: list[str], error: Exception | None = None) -> None:
