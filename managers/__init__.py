@@ -11,6 +11,8 @@ from managers.exceptions import (
     AllVersionsDamagedError,
     ManagerError,
     NewerFormatError,
+    SerializationError,
+    StateDirectoryLockedError,
     VersionError,
     VersionExistsError,
     VersionNotFoundError,
@@ -31,13 +33,11 @@ from managers.release import (
     check_key,
 )
 from managers.release.tensorboard import TensorBoardReleaseManager
-from managers.serialization import SerializationError
 from managers.state import (
     FileProgramStateManager,
     MemoryProgramStateManager,
     ProgramStateManager,
     Retention,
-    StateDirectoryLockedError,
 )
 from managers.values import ValueReference, materialize
 from managers.writes import PreparedWrite, WriteBatch, WriteQueue

@@ -8,7 +8,6 @@
      ├── VersionNotFoundError (also LookupError)  no saved state under that version
      ├── AllVersionsDamagedError               versions are saved, but none of them loads
      ├── StateDirectoryLockedError             another manager uses the state directory
-     │                                         (managers.state.file)
      └── SerializationError                    stored bytes that cannot be decoded, or a
           │                                    structure beyond the codec's limits
           │                                    (managers.serialization)
@@ -30,6 +29,7 @@ __all__ = [
     "ManagerError",
     "NewerFormatError",
     "SerializationError",
+    "StateDirectoryLockedError",
     "VersionError",
     "VersionExistsError",
     "VersionNotFoundError",
@@ -66,6 +66,10 @@ class AllVersionsDamagedError(ManagerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.args[0], self.versions)
+
+
+class StateDirectoryLockedError(ManagerError):
+    """Another program-state manager (in this or another process) uses the directory."""
 
 
 class SerializationError(ManagerError):

@@ -43,6 +43,7 @@ __all__ = [
     "map_structure",
     "map_with_paths",
     "reshape",
+    "structure_misfit",
     "unflatten",
 ]
 
@@ -214,3 +215,58 @@ def _rebuild(template: Any, iterator: Iterator[Any]) -> Any:
     if is_container(template):
         return map_children(lambda child: _rebuild(child, iterator), template)
     return next(iterator)
+
+
+_MISSING = object()
+
+
+def structure_misfit(state: Any, initial_state: Any) -> str | None:
+    """Where ``state`` does not have the structure of ``initial_state``, or ``None``.
+
+    The paths of their leaves must be the same, and leaves that are arrays (or numbers)
+    must have the same shape, and the same dtype where both are NumPy values. The first
+    difference is named: its path, then ``state``'s leaf and (``this run``)
+    ``initial_state``'s.
+    """
+    leaves, initial = dict(flatten(state)), dict(flatten(initial_state))
+    for path in {**initial, **leaves}:
+        was, now = _leaf_kind(leaves.get(path, _MISSING)), _leaf_kind(initial.get(path, _MISSING))
+        if _kinds_differ(was, now):
+            return f"{path or 'the root'}: {_show_kind(was)} (this run: {_show_kind(now)})"
+    return None
+
+
+def _leaf_kind(leaf: Any) -> Any:
+    """``_MISSING``; ``(shape, dtype)`` of an array-like leaf (dtype ``None`` for a Python
+    number); or ``None`` for a leaf of any other kind, whose value alone may change."""
+    if leaf is _MISSING:
+        return _MISSING
+    if isinstance(leaf, bool | int | float | complex):
+        return (), None
+    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+    if shape is None or dtype is None:
+        return None
+    try:
+        return tuple(int(size) for size in shape), str(dtype)
+    except TypeError:  # a dimension unknown until run time
+        return None
+
+
+def _kinds_differ(was: Any, now: Any) -> bool:
+    if was is _MISSING or now is _MISSING:
+        return was is not now
+    if was is None or now is None:
+        return False
+    (was_shape, was_dtype), (now_shape, now_dtype) = was, now
+    if was_shape != now_shape:
+        return True
+    return was_dtype is not None and now_dtype is not None and was_dtype != now_dtype
+
+
+def _show_kind(kind: Any) -> str:
+    if kind is _MISSING:
+        return "nothing"
+    if kind is None:
+        return "a value"
+    shape, dtype = kind
+    return f"shape {shape} {dtype or 'number'}"

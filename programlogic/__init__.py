@@ -6,8 +6,6 @@ release managers (:mod:`managers`, also importable as ``programlogic.managers``)
 ``run`` starts a program from synchronous code, notebooks included.
 """
 
-from programlogic._deprecation import moved_names
-from programlogic.checkpoint import Checkpoint
 from programlogic.context import (
     DroppedClients,
     FederatedContext,
@@ -54,6 +52,7 @@ from programlogic.stopping import (
 )
 from programlogic.tasks import TaskTracker, TrackedTask
 from programlogic.training import (
+    Checkpoint,
     EvaluationManagerProtocol,
     TrainingResult,
     final_model_key,
@@ -107,13 +106,3 @@ __all__ = [
     "run",
     "train_model",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "Clock": "managers.clock.Clock",
-        "SystemClock": "managers.clock.SystemClock",
-        "as_async": "programlogic.process.as_async",
-        "evaluation_seed": "programlogic.evaluation.evaluation_seed",
-    },
-)

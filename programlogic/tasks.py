@@ -1,6 +1,8 @@
 """Tracked background tasks: every task has an owner and no failure is swallowed.
 
-Two shapes of ownership are used across programlogic:
+This module holds :class:`TaskTracker`; :func:`~managers.taskgroups.task_group` lives in
+:mod:`managers.taskgroups` (the lower layer uses it too). Two shapes of ownership are
+used across programlogic:
 
 - :func:`task_group` (from :mod:`managers.taskgroups`): an anyio task group whose lone
   failure is raised as itself (several failures as an ``ExceptionGroup``). A failing
@@ -30,9 +32,7 @@ from typing import Any, Self
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from managers.taskgroups import collapse, task_group
-
-__all__ = ["TaskTracker", "TrackedTask", "collapse", "task_group"]
+__all__ = ["TaskTracker", "TrackedTask"]
 
 
 class TrackedTask:

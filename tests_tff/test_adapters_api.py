@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-import tensorflow_federated as tff
 
 import programlogic.contexts.tff as tff_backend
 from programlogic.contexts.tff import data, release
@@ -37,21 +36,10 @@ async def test_every_public_name_is_exported_and_documented(module: object) -> N
         (release, "TFFReleaseManager", "ReleaseManagerFromTFF"),
     ],
 )
-async def test_a_former_name_is_the_renamed_class_and_warns(
-    module: object, former: str, name: str
-) -> None:
-    with pytest.warns(DeprecationWarning, match=f"{former} is deprecated: use .*{name}"):
-        value = getattr(module, former)
-    assert value is getattr(module, name)
+async def test_a_former_name_is_gone(module: object, former: str, name: str) -> None:
+    assert getattr(module, name) is not None
+    assert not hasattr(module, former), f"{former} is a second name of {name}"
     assert former not in module.__all__
-
-
-async def test_a_program_written_with_the_former_names_still_releases() -> None:
-    with pytest.warns(DeprecationWarning, match="ReleaseManagerFromTFF"):
-        from programlogic.contexts.tff import TFFReleaseManager
-    theirs = tff.program.MemoryReleaseManager()
-    await TFFReleaseManager(theirs).release({"loss": 0.5}, 3)
-    assert list(theirs.values()) == [3]
 
 
 async def test_an_unknown_name_is_still_an_attribute_error() -> None:

@@ -1,7 +1,7 @@
 """Program-state managers: the abstract base and its implementations."""
 
 from managers.state.base import ProgramStateManager, Retention
-from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
+from managers.state.file import FileProgramStateManager
 from managers.state.memory import MemoryProgramStateManager
 
 __all__ = [
@@ -9,5 +9,4 @@ __all__ = [
     "MemoryProgramStateManager",
     "ProgramStateManager",
     "Retention",
-    "StateDirectoryLockedError",
 ]

@@ -46,7 +46,11 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from managers._files import fsync_directory
-from managers.exceptions import ManagerError, NewerFormatError, VersionNotFoundError
+from managers.exceptions import (
+    NewerFormatError,
+    StateDirectoryLockedError,
+    VersionNotFoundError,
+)
 from managers.serialization import SerializationError, dumps_buffers, loads
 from managers.state._file_format import (
     all_damaged_error,
@@ -62,7 +66,7 @@ from managers.state.base import ProgramStateManager, Retention, check_version
 from managers.validation import check_bool, check_choice, check_int, check_path, check_str
 from managers.writes import PreparedWrite, WriteQueue
 
-__all__ = ["FileProgramStateManager", "StateDirectoryLockedError"]
+__all__ = ["FileProgramStateManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +75,6 @@ _TEMPORARY_MARK = f"{_SUFFIX}.tmp-"
 _MAX_SPARES = 2  # a save takes one and retires one; the newest is not yet durable
 
 _T = TypeVar("_T")
-
-
-class StateDirectoryLockedError(ManagerError):
-    """Another program-state manager (in this or another process) uses the directory."""
 
 
 class FileProgramStateManager(ProgramStateManager):

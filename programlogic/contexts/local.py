@@ -6,12 +6,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from managers.taskgroups import task_group
 from managers.validation import check_int
 from programlogic.context import ClientFn, GroupFn
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
-from programlogic.tasks import task_group
 
 if TYPE_CHECKING:
     from programlogic.data import ClientHandle

@@ -20,7 +20,6 @@ The data sets:
 Nothing here imports TensorFlow; scikit-learn and h5py are imported on first use.
 """
 
-from programlogic._deprecation import moved_names
 from programlogic.datasets.arrays import ClientArrays, FederatedData
 from programlogic.datasets.digits import load_digits_writers
 from programlogic.datasets.emnist import HDF5DataSource, load_emnist_h5
@@ -46,11 +45,3 @@ __all__ = [
     "load_emnist_h5",
     "load_fashion_mnist",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "HDF5ClientLoader": "programlogic.datasets.emnist.HDF5ClientLoader",
-        "writer_forms": "programlogic.datasets.digits.writer_forms",
-    },
-)

@@ -5,7 +5,6 @@ Needs TensorFlow >= 2.16 with Keras 3 (``pip install 'programlogic[learning]'``)
 Client work runs through the current federated context in compiled, vectorized groups.
 """
 
-from programlogic._deprecation import moved_names
 from programlogic.learning.aggregators import (
     Aggregate,
     ClientTransform,
@@ -88,12 +87,3 @@ __all__ = [
     "unweighted_mean",
     "yogi",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "MAX_CLIENTS_PER_GROUP": "programlogic.learning.fed_avg.MAX_CLIENTS_PER_GROUP",
-        "SUPPORTED_METRICS": "programlogic.learning.keras_model.SUPPORTED_METRICS",
-        "plan_group_size": "programlogic.learning.fed_avg.plan_group_size",
-    },
-)

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from managers.taskgroups import task_group
 from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
@@ -34,7 +35,6 @@ from programlogic.learning.metrics import client_sums
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
 from programlogic.privacy import PrivacyAccounting
 from programlogic.process import LearningProcessOutput
-from programlogic.tasks import task_group
 
 # MAX_CLIENTS_PER_GROUP and plan_group_size live in _grouped since FedEval shares them;
 # they stay importable from here, outside the public names.

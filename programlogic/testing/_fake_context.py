@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
+from managers.taskgroups import task_group
 from managers.validation import check_int, check_interface, check_type, describe
 from programlogic.context import ClientFn, GroupFn, report_dropped_clients
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts.local import LocalContext
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
 from programlogic.exceptions import ClientError, ClusterConnectionError, NotEnoughClientsError
-from programlogic.tasks import task_group
 from programlogic.testing.faults import (
     DropClients,
     FailClient,

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 
+from managers.taskgroups import task_group
 from managers.validation import (
     check_bool,
     check_callable,
@@ -23,7 +24,6 @@ from managers.validation import (
     check_type,
 )
 from programlogic.context import check_in_federated_context
-from programlogic.tasks import task_group
 from programlogic.training import final_model_key
 from programlogic.tuning._locks import check_storage_url
 from programlogic.tuning._study import (

@@ -21,9 +21,10 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import managers.state.file as file_module
+from managers import StateDirectoryLockedError
 from managers.exceptions import AllVersionsDamagedError, ManagerError, VersionNotFoundError
 from managers.serialization import SerializationError
-from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
+from managers.state.file import FileProgramStateManager
 
 pytestmark = pytest.mark.anyio
 

@@ -24,9 +24,10 @@ import crc32c
 import numpy as np
 import pytest
 
+from managers import StateDirectoryLockedError
 from managers.exceptions import AllVersionsDamagedError, ManagerError, NewerFormatError
 from managers.serialization import MAX_DEPTH, MAX_NODES, SerializationError
-from managers.state.file import FileProgramStateManager, StateDirectoryLockedError
+from managers.state.file import FileProgramStateManager
 
 pytestmark = pytest.mark.anyio
 

@@ -37,8 +37,8 @@ from programlogic import (
     final_model_key,
     train_model,
 )
-from programlogic.checkpoint import FORMAT_VERSION, READABLE_VERSIONS
 from programlogic.testing import FakeClock, FakeDataSource, FakeLearningProcess
+from programlogic.training.checkpoint import FORMAT_VERSION, READABLE_VERSIONS
 from tests.programlogic.evaluation_helpers import RecordingEvaluations
 
 pytestmark = pytest.mark.anyio

@@ -1,6 +1,5 @@
 import importlib
 import inspect
-import re
 import subprocess
 import sys
 
@@ -46,7 +45,7 @@ async def test_the_top_level_exports_what_users_need() -> None:
 
 async def test_every_public_class_and_function_of_the_package_is_exported() -> None:
     modules = [
-        programlogic.checkpoint,
+        programlogic.training.checkpoint,
         programlogic.context,
         programlogic.contexts.local,
         programlogic.data,
@@ -99,8 +98,6 @@ async def test_importing_programlogic_never_imports_the_optional_tff_backend() -
         ("programlogic", "SystemClock", "managers.clock.SystemClock"),
         ("programlogic", "as_async", "programlogic.process.as_async"),
         ("programlogic", "evaluation_seed", "programlogic.evaluation.evaluation_seed"),
-        ("programlogic.clock", "Clock", "managers.clock.Clock"),
-        ("programlogic.clock", "SystemClock", "managers.clock.SystemClock"),
         (
             "programlogic.datasets",
             "HDF5ClientLoader",
@@ -127,17 +124,17 @@ async def test_importing_programlogic_never_imports_the_optional_tff_backend() -
         ),
     ],
 )
-async def test_a_name_taken_out_of_all_still_imports_from_its_old_place_and_warns(
-    module: str, former: str, path: str
-) -> None:
+async def test_a_name_lives_in_its_one_place_only(module: str, former: str, path: str) -> None:
     old_module = importlib.import_module(module)
-    with pytest.warns(
-        DeprecationWarning, match=re.escape(f"{module}.{former} is deprecated: use {path}")
-    ):
-        value = getattr(old_module, former)
     new_module, _, name = path.rpartition(".")
-    assert value is getattr(importlib.import_module(new_module), name)
+    assert getattr(importlib.import_module(new_module), name) is not None
+    assert not hasattr(old_module, former), f"{module}.{former} is a second name of {path}"
     assert former not in old_module.__all__
+
+
+async def test_the_deprecated_clock_module_is_gone() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("programlogic.clock")
 
 
 async def test_clocks_are_exported_by_managers_only() -> None:
@@ -148,8 +145,8 @@ async def test_clocks_are_exported_by_managers_only() -> None:
     assert not {"Clock", "SystemClock"} & set(programlogic.__all__)
 
 
-async def test_programlogic_tasks_re_exports_the_public_task_groups() -> None:
+async def test_task_groups_live_in_managers_taskgroups_only() -> None:
     import managers.taskgroups
 
-    assert programlogic.tasks.task_group is managers.taskgroups.task_group
-    assert programlogic.tasks.collapse is managers.taskgroups.collapse
+    assert {"task_group", "collapse"} <= set(managers.taskgroups.__all__)
+    assert not {"task_group", "collapse"} & set(programlogic.tasks.__all__)

@@ -2,7 +2,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from programlogic.tasks import TaskTracker, task_group
+from managers.taskgroups import task_group
+from programlogic.tasks import TaskTracker
 
 pytestmark = pytest.mark.anyio
 

@@ -13,6 +13,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
+from managers.taskgroups import task_group
 from programlogic.context import report_dropped_clients
 from programlogic.contexts.ray._events import (
     Died,
@@ -26,7 +27,6 @@ from programlogic.contexts.ray._events import (
 from programlogic.contexts.ray._pool import ActorPool
 from programlogic.contexts.ray._session import RaySession
 from programlogic.exceptions import ClientError, ClusterConnectionError, ProgramLogicError
-from programlogic.tasks import task_group
 
 __all__ = ["Submit", "UnitScheduler"]
 

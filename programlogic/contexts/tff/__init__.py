@@ -17,11 +17,9 @@ Names say the direction an adapter crosses the boundary, after the concept it is
 
 The ``TFF`` prefix of :class:`TFFContext` and :class:`TFFLearningProcess` names the
 backend, as in ``LocalContext`` and ``RayContext``: they are this backend, not adapters
-(a ``TFFLearningProcess`` runs only inside a ``TFFContext``). The former names
-``TFFDataSource`` and ``TFFReleaseManager`` keep working with a ``DeprecationWarning``.
+(a ``TFFLearningProcess`` runs only inside a ``TFFContext``).
 """
 
-from programlogic._deprecation import moved_names
 from programlogic.contexts.tff.context import TFFContext
 from programlogic.contexts.tff.data import (
     FederatedDataSourceForTFF,
@@ -51,11 +49,3 @@ __all__ = [
     "to_plain",
     "to_tff_structure",
 ]
-
-__getattr__ = moved_names(
-    __name__,
-    {
-        "TFFDataSource": "programlogic.contexts.tff.FederatedDataSourceFromTFF",
-        "TFFReleaseManager": "programlogic.contexts.tff.ReleaseManagerFromTFF",
-    },
-)

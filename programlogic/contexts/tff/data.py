@@ -25,7 +25,6 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from managers.validation import check_callable, check_int
-from programlogic._deprecation import moved_names
 from programlogic.data import (
     ClientHandle,
     FederatedDataSource,
@@ -40,10 +39,6 @@ __all__ = [
     "FederatedDataSourceFromTFF",
     "client_dataset_type",
 ]
-
-__getattr__ = moved_names(
-    __name__, {"TFFDataSource": "programlogic.contexts.tff.data.FederatedDataSourceFromTFF"}
-)
 
 
 class FederatedDataSourceFromTFF(HandleDataSource):

@@ -40,7 +40,6 @@ import tensorflow_federated as tff
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.structure import is_container, map_children
 from managers.values import materialize
-from programlogic._deprecation import moved_names
 
 __all__ = [
     "ReleaseManagerForTFF",
@@ -48,10 +47,6 @@ __all__ = [
     "from_tff_structure",
     "to_tff_structure",
 ]
-
-__getattr__ = moved_names(
-    __name__, {"TFFReleaseManager": "programlogic.contexts.tff.release.ReleaseManagerFromTFF"}
-)
 
 _PLAIN_LEAVES = (bool, int, float, complex, str, bytes, np.generic, np.ndarray, type(None))
 

@@ -44,8 +44,7 @@ from managers.serialization import dumps
 from managers.state.base import ProgramStateManager
 from managers.state.file import FileProgramStateManager
 from managers.state.memory import MemoryProgramStateManager
-from managers.structure import flatten
-from programlogic._resume import state_misfit
+from managers.structure import flatten, structure_misfit
 from programlogic.context import FederatedContext
 from programlogic.contexts.local import LocalContext
 from programlogic.data import ClientHandle
@@ -159,7 +158,7 @@ class LearningProcessContract(Contract):
         # initial state's: a state whose paths, shapes or dtypes drift could not resume.
         initial = await as_async(process.initialize)()
         state = (await as_async(process.next)(initial, clients)).state
-        misfit = state_misfit(state, initial)
+        misfit = structure_misfit(state, initial)
         assert misfit is None, (
             "the state after a round must keep the paths, shapes and dtypes of the "
             f"initial state; at {misfit.replace('this run', 'initial state')}"

@@ -4,81 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from managers.clock import Clock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
 from managers.values import materialize
 from managers.writes import WriteBatch, preparer
-from programlogic.checkpoint import Checkpoint
 from programlogic.process import LearningProcess, as_async
+from programlogic.training._cadence import Cadence
+from programlogic.training._evaluations import EvaluationManagerProtocol
+from programlogic.training.checkpoint import Checkpoint
 
-if TYPE_CHECKING:
-    from programlogic.training import EvaluationManagerProtocol
+__all__ = ["Persister"]
 
-__all__ = ["Cadence", "Persister", "evaluations_stopped_on_failure"]
-
-# Its messages are train_model's: users find them under that module's name.
-logger = logging.getLogger("programlogic.training")
-
-
-@dataclasses.dataclass
-class Cadence:
-    """Which rounds are checkpointed: every ``every``-th round since the last save, once
-    at least ``interval`` has passed on ``clock`` since it (when given); and always the
-    initial state, the last round and a round a stopping policy made the last.
-
-    The training task decides, as each round's ``next`` returns, from the clock read
-    then (:meth:`decide`): which rounds are saved does not depend on when the persister
-    gets to them. ``saved_round`` and ``last_save`` are the newest saved round and the
-    clock's time when it was decided.
-    """
-
-    clock: Clock
-    total_rounds: int
-    every: int = 1
-    interval: datetime.timedelta | None = None
-    saved_round: int = -1
-    last_save: datetime.datetime | None = None
-
-    @property
-    def every_round(self) -> bool:
-        """Whether every round is checkpointed."""
-        return self.every == 1 and self.interval is None
-
-    def decide(self, checkpoint: Checkpoint) -> None:
-        """Mark ``checkpoint`` saved or not (``save_due``), as of its ``trained_at``."""
-        now = checkpoint.trained_at
-        checkpoint.save_due = self._due(checkpoint, now)
-        if checkpoint.save_due:
-            self.saved(checkpoint.round_num, now)
-
-    def _due(self, checkpoint: Checkpoint, now: datetime.datetime) -> bool:
-        round_num = checkpoint.round_num
-        if self.every_round or round_num == 0 or self.is_last(checkpoint):
-            return True
-        if round_num - self.saved_round < self.every:
-            return False
-        if self.interval is None or self.last_save is None:
-            return True
-        return now - self.last_save >= self.interval
-
-    def is_last(self, checkpoint: Checkpoint) -> bool:
-        """Whether ``checkpoint``'s round is the last: the total's, or a stopped one."""
-        return checkpoint.stop_reason is not None or checkpoint.round_num >= self.total_rounds
-
-    def saved(self, round_num: int, when: datetime.datetime | None) -> None:
-        """Round ``round_num`` is the newest checkpoint, decided at ``when`` (now when
-        ``None``: a checkpoint written before the time was recorded)."""
-        self.saved_round = round_num
-        self.last_save = when if when is not None else self.clock.now()
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -213,27 +157,3 @@ class Persister:
     def _notify(self) -> None:
         self._progress.set()
         self._progress = anyio.Event()
-
-
-@contextlib.asynccontextmanager
-async def evaluations_stopped_on_failure(
-    evaluation_manager: EvaluationManagerProtocol | None,
-) -> AsyncIterator[None]:
-    """On failure or cancellation, stop the evaluations this call started or resumed.
-
-    An evaluation manager with an ``aclose`` (:class:`~programlogic.EvaluationManager`)
-    is closed: its running evaluations are cancelled (their saved state stays for a
-    resume) and its state managers released. A failure of ``aclose`` itself is logged:
-    it must not hide the failure that got here.
-    """
-    try:
-        yield
-    except BaseException:
-        close = getattr(evaluation_manager, "aclose", None)
-        if close is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await close()
-                except Exception:
-                    logger.exception("closing the evaluation manager after a failure failed")
-        raise

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING
 
 from managers.clock import Clock
-from programlogic._persister import Persister
-from programlogic.checkpoint import Checkpoint
 from programlogic.stopping import StoppingPolicy, StopReason
-
-if TYPE_CHECKING:
-    from programlogic.training import EvaluationManagerProtocol
+from programlogic.training._evaluations import EvaluationManagerProtocol
+from programlogic.training._persister import Persister
+from programlogic.training.checkpoint import Checkpoint
 
 __all__ = ["Stopper"]
 
-# Stops are train_model's news: users find them under its module's name.
-logger = logging.getLogger("programlogic.training")
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass

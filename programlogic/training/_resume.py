@@ -6,20 +6,18 @@ import logging
 from typing import Any, NoReturn
 
 from managers.state.base import ProgramStateManager
-from managers.structure import flatten
-from programlogic.checkpoint import Checkpoint
+from managers.structure import structure_misfit
 from programlogic.exceptions import ResumeError
+from programlogic.training.checkpoint import Checkpoint
 
 __all__ = [
     "check_resumable",
     "check_state_fits",
     "configuration_differences",
     "load_resumable",
-    "state_misfit",
 ]
 
-# The warning is train_model's: users filter it under its module's name.
-logger = logging.getLogger("programlogic.training")
+logger = logging.getLogger(__name__)
 
 _ABSENT = object()
 _SHOWN_DIFFERENCES = 5
@@ -159,65 +157,13 @@ def _show(value: Any) -> str:
 
 def check_state_fits(checkpoint: Checkpoint, version: int, initial_state: Any) -> None:
     """Raise ResumeError unless the saved train state has the structure of ``initial_state``
-    (:func:`state_misfit`), naming the first difference."""
-    misfit = state_misfit(checkpoint.train_state, initial_state)
+    (:func:`managers.structure.structure_misfit`), naming the first difference."""
+    misfit = structure_misfit(checkpoint.train_state, initial_state)
     if misfit is not None:
         raise ResumeError(
             f"cannot resume from the program state of round {version}: its train state "
             f"does not fit this run's learning process (another model?): at {misfit}"
         )
-
-
-def state_misfit(state: Any, initial_state: Any) -> str | None:
-    """Where ``state`` does not have the structure of ``initial_state``, or ``None``.
-
-    The paths of their leaves must be the same, and leaves that are arrays (or numbers)
-    must have the same shape, and the same dtype where both are NumPy values. The first
-    difference is named: its path, then ``state``'s leaf and (``this run``)
-    ``initial_state``'s.
-    """
-    leaves, initial = dict(flatten(state)), dict(flatten(initial_state))
-    for path in {**initial, **leaves}:
-        was, now = _leaf_kind(leaves.get(path, _ABSENT)), _leaf_kind(initial.get(path, _ABSENT))
-        if _kinds_differ(was, now):
-            return f"{path or 'the root'}: {_show_kind(was)} (this run: {_show_kind(now)})"
-    return None
-
-
-def _leaf_kind(leaf: Any) -> Any:
-    """``_ABSENT``; ``(shape, dtype)`` of an array-like leaf (dtype ``None`` for a Python
-    number); or ``None`` for a leaf of any other kind, whose value alone may change."""
-    if leaf is _ABSENT:
-        return _ABSENT
-    if isinstance(leaf, bool | int | float | complex):
-        return (), None
-    shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-    if shape is None or dtype is None:
-        return None
-    try:
-        return tuple(int(size) for size in shape), str(dtype)
-    except TypeError:  # a dimension unknown until run time
-        return None
-
-
-def _kinds_differ(was: Any, now: Any) -> bool:
-    if was is _ABSENT or now is _ABSENT:
-        return was is not now
-    if was is None or now is None:
-        return False
-    (was_shape, was_dtype), (now_shape, now_dtype) = was, now
-    if was_shape != now_shape:
-        return True
-    return was_dtype is not None and now_dtype is not None and was_dtype != now_dtype
-
-
-def _show_kind(kind: Any) -> str:
-    if kind is _ABSENT:
-        return "nothing"
-    if kind is None:
-        return "a value"
-    shape, dtype = kind
-    return f"shape {shape} {dtype or 'number'}"
 
 
 def configuration_differences(saved: Any, current: dict[str, Any]) -> str | None:

@@ -7,7 +7,7 @@ import datetime
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -15,57 +15,36 @@ from anyio.streams.memory import MemoryObjectSendStream
 from managers.clock import Clock, SystemClock
 from managers.release.base import ReleaseManager
 from managers.state.base import ProgramStateManager
-from programlogic._checks import (
+from managers.taskgroups import task_group
+from programlogic.context import get_context
+from programlogic.data import ClientHandle, FederatedDataSource, FederatedDataSourceIterator
+from programlogic.process import LearningProcess, LearningProcessOutput, as_async
+from programlogic.stopping import StoppingPolicy, StopReason
+from programlogic.training._cadence import Cadence
+from programlogic.training._checks import (
     check_arguments,
     check_cadence,
     check_output,
     warn_of_long_waits,
 )
-from programlogic._configuration import describe_run
-from programlogic._persister import Cadence, Persister, evaluations_stopped_on_failure
-from programlogic._privacy_run import NO_PRIVACY, NoPrivacy, PrivateRun, run_privacy
-from programlogic._resume import load_resumable
-from programlogic._stopper import Stopper
-from programlogic.checkpoint import Checkpoint
-from programlogic.context import get_context
-from programlogic.data import ClientHandle, FederatedDataSource, FederatedDataSourceIterator
-from programlogic.process import LearningProcess, LearningProcessOutput, as_async
-from programlogic.stopping import StoppingPolicy, StopReason
-from programlogic.tasks import task_group
+from programlogic.training._configuration import describe_run
+from programlogic.training._evaluations import (
+    EvaluationManagerProtocol,
+    evaluations_stopped_on_failure,
+)
+from programlogic.training._persister import Persister
+from programlogic.training._privacy import NO_PRIVACY, NoPrivacy, PrivateRun, run_privacy
+from programlogic.training._resume import load_resumable
+from programlogic.training._stopping import Stopper
+from programlogic.training.checkpoint import Checkpoint
 
 __all__ = [
-    "EvaluationManagerProtocol",
-    "StopReason",
     "TrainingResult",
     "final_model_key",
     "train_model",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class EvaluationManagerProtocol(Protocol):
-    """What ``train_model`` needs of an evaluation manager.
-
-    Optionally also ``async aclose()``: stop the running evaluations (their saved state
-    stays) and release what the manager holds. ``train_model`` calls it when it fails
-    or is cancelled, so that no evaluation outlives the failed run.
-    """
-
-    async def resume_from_previous_state(self) -> None:
-        """Resume the evaluations that were in flight when the program last stopped."""
-        ...
-
-    async def start_evaluation(
-        self, train_round: int, start_timestamp: int, model_weights: Any
-    ) -> None:
-        """Start evaluating ``model_weights`` of ``train_round``; a no-op if started before."""
-        ...
-
-    async def wait_for_evaluations_to_finish(self) -> None:
-        """Wait for every started evaluation; raise what failed."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +104,7 @@ async def train_model(
     1. selects ``train_per_round_clients`` clients, a pure function of ``(seed, r)``;
     2. runs ``train_process.next``;
     3. saves the program state as version ``r``: a
-       :class:`~programlogic.checkpoint.Checkpoint` of the train state, the round, the
+       :class:`~programlogic.training.checkpoint.Checkpoint` of the train state, the round, the
        sampler's description, the evaluation clock, and the round's metrics;
     4. releases the metrics to ``train_metrics_manager`` with key ``r``;
     5. starts an evaluation of the round's model when it is due (every

@@ -23,7 +23,6 @@ import anyio
 from managers.clock import Clock
 from managers.validation import check_number, check_path
 from managers.values import is_value_reference, materialize
-from programlogic.checkpoint import Checkpoint
 from programlogic.exceptions import PrivacySpentError
 from programlogic.privacy import (
     GaussianMechanism,
@@ -39,11 +38,11 @@ from programlogic.privacy_ledger import (
 )
 from programlogic.process import LearningProcessOutput
 from programlogic.stopping import AnyOf
+from programlogic.training.checkpoint import Checkpoint
 
 __all__ = ["NO_PRIVACY", "NoPrivacy", "PrivateRun", "run_privacy"]
 
-# Its messages are train_model's: users find them under that module's name.
-logger = logging.getLogger("programlogic.training")
+logger = logging.getLogger(__name__)
 
 ACKNOWLEDGEMENT_TOLERANCE = 1e-3
 """How close ``privacy_spent_acknowledged`` must be to the ledger's epsilon (relative,

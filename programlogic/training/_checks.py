@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from managers.validation import (
     check_bool,
@@ -16,17 +16,14 @@ from managers.validation import (
     check_timedelta,
     describe,
 )
+from programlogic.context import FederatedContext
 from programlogic.process import LearningProcessOutput
 from programlogic.stopping import StoppingPolicy
-
-if TYPE_CHECKING:
-    from programlogic._persister import Cadence
-    from programlogic.context import FederatedContext
+from programlogic.training._cadence import Cadence
 
 __all__ = ["check_arguments", "check_output", "warn_of_long_waits"]
 
-# The warning is train_model's: users filter it under its module's name.
-logger = logging.getLogger("programlogic.training")
+logger = logging.getLogger(__name__)
 
 
 def warn_of_long_waits(
