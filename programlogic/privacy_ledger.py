@@ -25,7 +25,7 @@ import anyio
 import numpy as np
 import orjson
 
-from managers._files import fsync_directory
+from managers.files import fsync_directory
 from managers.validation import check_int, check_number, check_path, check_str, check_type
 from programlogic.exceptions import PrivacyLedgerError
 from programlogic.privacy import GaussianMechanism, composed_epsilon

@@ -117,5 +117,5 @@ async def test_a_public_module_exports_a_sorted_documented_all(name: str) -> Non
 async def test_the_walk_finds_the_modules_of_both_packages_and_skips_private_ones() -> None:
     names = public_module_names()
     assert {"managers.taskgroups", "managers.release.csv_file", "programlogic.tasks"} <= set(names)
-    assert "managers._files" not in names
+    assert "managers._serialization_tree" not in names
     assert "programlogic.contexts._threads" not in names

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from managers._files import append, open_for_append, replace_and_reopen
+from managers.files import append, open_for_append, replace_and_reopen
 from managers.release.base import ReleaseKey, check_key
 from managers.values import materialize
 from managers.writes import PreparedWrite, WriteQueue

@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from managers._files import write_atomically
 from managers.exceptions import VersionNotFoundError
+from managers.files import write_atomically
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.serialization import dumps, loads
 from managers.validation import check_path

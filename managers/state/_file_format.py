@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from managers._files import fsync_directory
 from managers.exceptions import AllVersionsDamagedError, ManagerError
+from managers.files import fsync_directory
 from managers.serialization import HEADER_SIZE, SerializationError, payload_size
 
 __all__ = [

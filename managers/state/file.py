@@ -45,12 +45,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from managers._files import fsync_directory
 from managers.exceptions import (
     NewerFormatError,
     StateDirectoryLockedError,
     VersionNotFoundError,
 )
+from managers.files import fsync_directory
 from managers.serialization import SerializationError, dumps_buffers, loads
 from managers.state._file_format import (
     all_damaged_error,

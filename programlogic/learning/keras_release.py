@@ -15,7 +15,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from managers._files import fsync_directory
+from managers.files import fsync_directory
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
 from managers.validation import check_callable, check_path, describe
 from managers.values import materialize

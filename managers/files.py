@@ -1,4 +1,12 @@
-"""Durable file writing shared by the file-based managers."""
+"""Durable file writing: the building blocks of the file-based managers.
+
+A write made with these functions survives a crash whole or not at all: a replaced file
+is written beside the old one, fsynced and renamed over it, and the rename made durable
+by an fsync of the directory. Your own file-backed sink or state manager can use them
+to keep the same promise as :class:`~managers.CSVFileReleaseManager` and
+:class:`~managers.FileProgramStateManager`. They block: call them from a worker thread
+(``anyio.to_thread.run_sync``), never on the event loop.
+"""
 
 from __future__ import annotations
 
