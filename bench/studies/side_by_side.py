@@ -31,22 +31,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def checkout(revision: str, into: Path) -> Path:
-    """A work tree of ``revision`` under ``into``, its extension built where it has one."""
-    tree = into / "old"
+def checkout(revision: str, tree: Path) -> None:
+    """A work tree of ``revision`` at ``tree``, its extension built where it has one."""
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision],
         check=True,
         capture_output=True,
     )
     if (tree / "setup.py").exists():
-        subprocess.run(
+        built = subprocess.run(
             [sys.executable, "setup.py", "build_ext", "--inplace"],
             cwd=tree,
-            check=True,
             capture_output=True,
+            text=True,
         )
-    return tree
+        if built.returncode != 0:  # Cython is in the dev extra
+            sys.exit(f"side_by_side: building {revision}'s extension failed:\n{built.stderr}")
 
 
 def run_once(tree: Path, script: str, arguments: list[str]) -> list[dict[str, Any]]:
@@ -105,8 +105,9 @@ def main() -> None:
     script, script_arguments = command[0], command[1:]
     old_script = arguments.old_script or script
     with tempfile.TemporaryDirectory(prefix="side_by_side_") as scratch:
-        old_tree = checkout(arguments.against, Path(scratch))
+        old_tree = Path(scratch) / "old"
         try:
+            checkout(arguments.against, old_tree)
             old, new = [], []
             for pair in range(arguments.pairs):
                 order = [("old", old_tree, old_script), ("new", ROOT, script)]
