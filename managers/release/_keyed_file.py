@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,11 +22,12 @@ from typing import Any, Generic, TypeVar
 import anyio
 
 from managers.files import append, open_for_append, replace_and_reopen
-from managers.release.base import ReleaseKey, check_key
+from managers.release.base import ReleaseKey, ReleaseManager, check_key
+from managers.validation import check_path
 from managers.values import materialize
 from managers.writes import PreparedWrite, WriteQueue
 
-__all__ = ["KeyedFile", "RecordFormat"]
+__all__ = ["KeyedFile", "KeyedFileReleaseManager", "RecordFormat"]
 
 Layout = TypeVar("Layout")
 Record = TypeVar("Record")
@@ -202,3 +204,32 @@ class KeyedFile(Generic[Layout, Record]):
         """The file may lack a record in memory, or hold part of one: the next release
         rewrites it from memory."""
         self._must_rewrite = True
+
+
+class KeyedFileReleaseManager(ReleaseManager):
+    """A release manager that keeps one record per key in one file, in ``file_format``.
+
+    What the CSV and JSON lines release managers share: their releases, prepared
+    releases and closing are their :class:`KeyedFile`'s; they differ in the format.
+    """
+
+    def __init__(self, file_path: str | os.PathLike[str], file_format: RecordFormat[Any, Any]):
+        self._path = check_path("file_path", file_path)
+        self._file = KeyedFile(self._path, file_format)
+
+    @property
+    def file_path(self) -> Path:
+        """The file written."""
+        return self._path
+
+    async def release(self, value: Any, key: ReleaseKey) -> None:
+        await self._file.release(value, key)
+
+    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
+        """The write of :meth:`release`, not made (``None`` when the file already holds
+        the row): checked and taken now, written when a
+        :class:`~managers.writes.WriteBatch` makes it."""
+        return await self._file.prepare(value, key)
+
+    async def aclose(self) -> None:
+        await self._file.aclose()

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from managers.release._keyed_file import KeyedFile, RecordFormat
-from managers.release.base import ReleaseKey, ReleaseManager
+from managers.release._keyed_file import KeyedFileReleaseManager, RecordFormat
+from managers.release.base import ReleaseKey
 from managers.structure import flatten
-from managers.validation import check_path, check_str
-from managers.writes import PreparedWrite
+from managers.validation import check_str
 
 __all__ = ["CSVFileReleaseManager"]
 
@@ -27,7 +26,7 @@ _INT_KEY = re.compile(r"0|-?[1-9][0-9]*")
 _TEXT_MARK = "'"
 
 
-class CSVFileReleaseManager(ReleaseManager):
+class CSVFileReleaseManager(KeyedFileReleaseManager):
     """Writes released values to a CSV file, one row per key.
 
     A program that releases ``{"client_work": {"train": {"loss": 0.5, "accuracy": 0.75}}}``
@@ -87,26 +86,8 @@ class CSVFileReleaseManager(ReleaseManager):
     """
 
     def __init__(self, file_path: str | os.PathLike[str], *, key_fieldname: str = "key") -> None:
-        self._path = check_path("file_path", file_path)
         check_str("key_fieldname", key_fieldname, allow_empty=False)
-        self._file = KeyedFile(self._path, _CSVFormat(key_fieldname))
-
-    @property
-    def file_path(self) -> Path:
-        """The CSV file written."""
-        return self._path
-
-    async def release(self, value: Any, key: ReleaseKey) -> None:
-        await self._file.release(value, key)
-
-    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
-        """The write of :meth:`release`, not made (``None`` when the file already holds
-        the row): checked and taken now, written when a
-        :class:`~managers.writes.WriteBatch` makes it."""
-        return await self._file.prepare(value, key)
-
-    async def aclose(self) -> None:
-        await self._file.aclose()
+        super().__init__(file_path, _CSVFormat(key_fieldname))
 
 
 _Header = dict[str, None]  # the value columns after the key column, in order

@@ -10,11 +10,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from managers.release._keyed_file import KeyedFile, RecordFormat
-from managers.release.base import ReleaseKey, ReleaseManager
+from managers.release._keyed_file import KeyedFileReleaseManager, RecordFormat
+from managers.release.base import ReleaseKey
 from managers.structure import flatten
-from managers.validation import check_path
-from managers.writes import PreparedWrite
 
 __all__ = ["JSONLinesReleaseManager"]
 
@@ -23,7 +21,7 @@ logger = logging.getLogger(__name__)
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
-class JSONLinesReleaseManager(ReleaseManager):
+class JSONLinesReleaseManager(KeyedFileReleaseManager):
     """Writes released values to a JSON lines file, one line per key.
 
     A program that releases ``{"train": {"loss": 0.5}, "weights": np.array([1.0, 2.0])}``
@@ -69,25 +67,7 @@ class JSONLinesReleaseManager(ReleaseManager):
     """
 
     def __init__(self, file_path: str | os.PathLike[str]) -> None:
-        self._path = check_path("file_path", file_path)
-        self._file = KeyedFile(self._path, _JSONLinesFormat())
-
-    @property
-    def file_path(self) -> Path:
-        """The JSON lines file written."""
-        return self._path
-
-    async def release(self, value: Any, key: ReleaseKey) -> None:
-        await self._file.release(value, key)
-
-    async def prepare_release(self, value: Any, key: ReleaseKey) -> PreparedWrite | None:
-        """The write of :meth:`release`, not made (``None`` when the file already holds
-        the row): checked and taken now, written when a
-        :class:`~managers.writes.WriteBatch` makes it."""
-        return await self._file.prepare(value, key)
-
-    async def aclose(self) -> None:
-        await self._file.aclose()
+        super().__init__(file_path, _JSONLinesFormat())
 
 
 class _JSONLinesFormat(RecordFormat[None, bytes]):
