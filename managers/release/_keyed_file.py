@@ -27,7 +27,7 @@ from managers.validation import check_path
 from managers.values import materialize
 from managers.writes import PreparedWrite, WriteQueue
 
-__all__ = ["KeyedFile", "KeyedFileReleaseManager", "RecordFormat"]
+__all__ = ["KeyedFile", "RecordFormat"]
 
 Layout = TypeVar("Layout")
 Record = TypeVar("Record")
@@ -206,7 +206,7 @@ class KeyedFile(Generic[Layout, Record]):
         self._must_rewrite = True
 
 
-class KeyedFileReleaseManager(ReleaseManager):
+class _KeyedFileReleaseManager(ReleaseManager):
     """A release manager that keeps one record per key in one file, in ``file_format``.
 
     What the CSV and JSON lines release managers share: their releases, prepared

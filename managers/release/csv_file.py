@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from managers.release._keyed_file import KeyedFileReleaseManager, RecordFormat
+from managers.release._keyed_file import RecordFormat, _KeyedFileReleaseManager
 from managers.release.base import ReleaseKey
 from managers.structure import flatten
 from managers.validation import check_str
@@ -26,7 +26,7 @@ _INT_KEY = re.compile(r"0|-?[1-9][0-9]*")
 _TEXT_MARK = "'"
 
 
-class CSVFileReleaseManager(KeyedFileReleaseManager):
+class CSVFileReleaseManager(_KeyedFileReleaseManager):
     """Writes released values to a CSV file, one row per key.
 
     A program that releases ``{"client_work": {"train": {"loss": 0.5, "accuracy": 0.75}}}``

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from managers.release._keyed_file import KeyedFileReleaseManager, RecordFormat
+from managers.release._keyed_file import RecordFormat, _KeyedFileReleaseManager
 from managers.release.base import ReleaseKey
 from managers.structure import flatten
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
-class JSONLinesReleaseManager(KeyedFileReleaseManager):
+class JSONLinesReleaseManager(_KeyedFileReleaseManager):
     """Writes released values to a JSON lines file, one line per key.
 
     A program that releases ``{"train": {"loss": 0.5}, "weights": np.array([1.0, 2.0])}``
