@@ -46,7 +46,7 @@ from programlogic import (  # noqa: E402
 )
 from programlogic.contexts.ray import RayContext  # noqa: E402
 from programlogic.learning import build_weighted_fed_avg, softmax_regression  # noqa: E402
-from programlogic.tasks import task_group  # noqa: E402
+from managers.taskgroups import task_group  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
