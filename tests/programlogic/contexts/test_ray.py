@@ -35,6 +35,7 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from managers.taskgroups import task_group  # noqa: E402
 from programlogic import (  # noqa: E402
     ClientError,
     ClientHandle,
@@ -46,7 +47,6 @@ from programlogic import (  # noqa: E402
 )
 from programlogic.contexts.ray import RayContext  # noqa: E402
 from programlogic.learning import build_weighted_fed_avg, softmax_regression  # noqa: E402
-from managers.taskgroups import task_group  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
