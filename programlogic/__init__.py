@@ -42,6 +42,7 @@ from programlogic.exceptions import (
     ProgramLogicError,
     ResumeError,
 )
+from programlogic.file_run import FileRun, FileRunEvaluation
 from programlogic.process import LearningProcess, LearningProcessOutput
 from programlogic.runner import run
 from programlogic.stopping import (
@@ -76,6 +77,8 @@ __all__ = [
     "FederatedContext",
     "FederatedDataSource",
     "FederatedDataSourceIterator",
+    "FileRun",
+    "FileRunEvaluation",
     "HandleDataSource",
     "InMemoryDataSource",
     "LearningProcess",
