@@ -10,7 +10,7 @@ anyway. (The check of a loaded state against the initial one is ``train_model``'
 with no public name, and is not timed here.) Prints one JSON line: milliseconds (medians of
 ``--repeats``) and ratios.
 
-    python bench/describe_configuration.py [--clients 3400] [--repeats 20]
+    python bench/studies/describe_configuration.py [--clients 3400] [--repeats 20]
 """
 
 from __future__ import annotations

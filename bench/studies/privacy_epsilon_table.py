@@ -6,7 +6,7 @@ how long it took),
 and the cost of one ``GaussianMechanism.epsilon`` call by RDP and PLD at 100/1000/10000
 rounds, cold and cached.
 
-    PYTHONPATH=. python bench/privacy_epsilon_table.py
+    PYTHONPATH=. python bench/studies/privacy_epsilon_table.py
 """
 
 from __future__ import annotations
