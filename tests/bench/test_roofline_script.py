@@ -1,4 +1,4 @@
-"""bench/studies/roofline.py: its FLOP count on cases worked by hand, every formulation computing
+"""bench/roofline.py: its FLOP count on cases worked by hand, every formulation computing
 the same round, and the script's table and JSON at tiny shapes.
 
 The script runs once per module in a subprocess (it imports TensorFlow, which takes
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.bench.bench_scripts import STUDIES, run_bench
+from tests.bench.bench_scripts import BENCH, run_bench
 
 pytestmark = pytest.mark.anyio
 
@@ -25,13 +25,13 @@ TINY_REST = ("--repeats", "1", "--matmul-size", "64", "--formulations", *FORMULA
 
 
 def roofline_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(STUDIES))  # as when the script runs from bench/studies/
+    monkeypatch.syspath_prepend(str(BENCH))  # as when the script runs from bench/
     return importlib.import_module("roofline")
 
 
 @pytest.fixture(scope="module")
 def script_output() -> str:
-    return run_bench("studies/roofline.py", *TINY, *TINY_REST)
+    return run_bench("roofline.py", *TINY, *TINY_REST)
 
 
 async def test_the_tutorial_round_counts_its_two_products_and_the_update(

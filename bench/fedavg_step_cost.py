@@ -8,7 +8,7 @@ clients, aggregation, the server update, threads' hand-offs) is its fixed cost. 
 beside ``roofline.py``'s per-step cost of the bare SGD math at the same shapes, it says
 how far the compiled client loop is from the machine's ceiling. Prints one JSON line.
 
-    python bench/studies/fedavg_step_cost.py [--clients 10 100] [--epochs 1 5] [--rounds 10]
+    python bench/fedavg_step_cost.py [--clients 10 100] [--epochs 1 5] [--rounds 10]
 """
 
 from __future__ import annotations
@@ -24,29 +24,14 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import anyio
-import numpy as np
 import roofline
+from _tff_comparison import make_clients
 
 from programlogic import InMemoryDataSource, LocalContext, Sampling
 from programlogic.datasets.preprocessing import Preprocessing
 from programlogic.learning import build_weighted_fed_avg, sgd, softmax_regression
 
 WARM_ROUNDS = 2
-EXAMPLES_PER_CLIENT = 100
-
-
-def make_clients(count: int) -> list[Any]:
-    """``count`` clients of 100 synthetic examples, drawn as ``bench/fedavg_vs_tff.py``
-    draws its own (``bench/_tff_comparison.py``): the same round to split."""
-    from programlogic.datasets import ClientArrays
-
-    rng = np.random.default_rng(0)
-    clients = []
-    for _ in range(count):
-        x = rng.random((EXAMPLES_PER_CLIENT, 784), dtype=np.float32)
-        y = rng.integers(0, 10, (EXAMPLES_PER_CLIENT, 1)).astype(np.int32).reshape(-1)
-        clients.append(ClientArrays(x, y))
-    return clients
 
 
 async def round_ms(count: int, epochs: int, rounds: int) -> float:

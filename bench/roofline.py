@@ -19,7 +19,7 @@ round time is the median of ``--repeats`` rounds. The ceiling is the fastest
 formulation's round time. The repeats go round-robin over the formulations, so a
 burst of other work on the machine slows each alike. Prints a table, then one JSON line.
 
-    python bench/studies/roofline.py [--clients 10 100] [--model softmax|mlp|cnn]
+    python bench/roofline.py [--clients 10 100] [--model softmax|mlp|cnn]
         [--features 784] [--formulations ...] [--unrolled] [--repeats 5]
 
 :func:`measure` is what ``fedavg_vs_tff.py`` calls to read its round times against.
