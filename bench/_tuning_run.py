@@ -8,9 +8,7 @@ memory, and its trials' parameters and final held-out accuracies.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import datetime
 import functools
 import json
 import os
@@ -23,14 +21,7 @@ import anyio
 import anyio.to_thread
 import psutil
 
-from managers import (
-    CSVFileReleaseManager,
-    FileProgramStateManager,
-    ModelFileReleaseManager,
-    ReleaseManager,
-)
-from managers.release.base import ReleaseKey
-from programlogic import EvaluationManager, LocalContext, train_model
+from programlogic import FileRun, FileRunEvaluation, LocalContext, train_model
 from programlogic.stopping import StoppingPolicy
 
 METRIC = "client_work/eval/total_rounds_metrics/sparse_categorical_accuracy"
@@ -86,49 +77,26 @@ class Workload:
         await hand_trial(dataclasses.replace(program, train_total_rounds=1), directory)
 
 
-class Discarding(ReleaseManager):
-    """Drops the per-round metrics of one-round evaluations."""
-
-    async def release(self, value: Any, key: ReleaseKey) -> None:
-        return None
-
-
 async def hand_trial(program: Any, directory: Path) -> None:
     """One trial's ``train_model`` call with a trial's managers, no tuner."""
-    async with contextlib.AsyncExitStack() as stack:
-
-        def closed_on_exit(manager: Any) -> Any:
-            stack.push_async_callback(manager.aclose)
-            return manager
-
-        evaluations = closed_on_exit(
-            EvaluationManager(
-                data_source=program.evaluation_data_source,
-                aggregated_metrics_manager=closed_on_exit(
-                    CSVFileReleaseManager(directory / "evaluation.csv")
-                ),
-                create_state_manager_fn=lambda name: FileProgramStateManager(
-                    directory / "evaluation" / name
-                ),
-                create_process_fn=lambda name: (program.evaluation_process, Discarding()),
-                cohort_size=program.evaluation_per_round_clients,
-                duration=datetime.timedelta(0),
-                seed=program.seed,
-            )
-        )
+    evaluation = FileRunEvaluation(
+        process=program.evaluation_process,
+        data_source=program.evaluation_data_source,
+        cohort_size=program.evaluation_per_round_clients,
+        seed=program.seed,
+        state_keep_total=5,
+    )
+    async with FileRun(directory, state_keep_total=5, evaluation=evaluation) as run:
         await train_model(
             train_process=program.train_process,
             train_data_source=program.train_data_source,
             train_per_round_clients=program.train_per_round_clients,
             train_total_rounds=program.train_total_rounds,
-            program_state_manager=closed_on_exit(FileProgramStateManager(directory / "state")),
-            model_output_manager=ModelFileReleaseManager(directory / "models"),
-            train_metrics_manager=closed_on_exit(CSVFileReleaseManager(directory / "metrics.csv")),
-            evaluation_manager=evaluations,
             evaluation_periodicity=program.evaluation_periodicity,
             seed=program.seed,
             stopping=StoppingPolicy(),
             stopping_waits_for_evaluations=True,
+            **run.train_model_arguments(),
         )
 
 
@@ -146,8 +114,8 @@ async def by_hand(workload: Workload, rates: list[float], root: Path, concurrenc
             slots.start_soon(slot)
 
 
-async def with_tuner(workload: Workload, trials: int, root: Path, concurrency: int) -> list[float]:
-    """The study through ``tune``; the trials' client learning rates by number."""
+async def with_tuner(workload: Workload, trials: int, root: Path, concurrency: int) -> Any:
+    """The study through ``tune``: its ``TuningResult``."""
     import optuna
 
     from programlogic.tuning import tune
@@ -166,7 +134,7 @@ async def with_tuner(workload: Workload, trials: int, root: Path, concurrency: i
         pruner=optuna.pruners.NopPruner(),
         fail_fast=True,
     )
-    return [trial.params["client_lr"] for trial in result.trials]
+    return result
 
 
 def final_accuracies(root: Path, trials: int) -> list[float]:
@@ -201,56 +169,25 @@ class PeakRSS:
         self._thread.join()
 
 
-class StorageTime:
-    """The seconds ``tune`` awaits its study's storage and locks, summed over its calls.
-
-    Wraps the tuner's one door to them (``StudyStore.call``, private): the direct part of
-    the tuner's overhead, as the wall times of whole runs are too noisy to show it. Under
-    concurrency the sum includes the calls' waits for one another.
-    """
-
-    def __init__(self) -> None:
-        from programlogic.tuning._study import StudyStore
-
-        self._store_class = StudyStore
-        self._call = StudyStore.call
-        self.seconds = 0.0
-        self.calls = 0
-
-    def __enter__(self) -> StorageTime:
-        call = self._call
-
-        async def timed(store: Any, function: Any, *args: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return await call(store, function, *args)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-
-        self._store_class.call = timed  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._store_class.call = self._call  # type: ignore[method-assign]
-
-
 async def worker(arguments: argparse.Namespace) -> dict[str, Any]:
     """One run, timed from inside the federated context: the figures of one table row."""
     workload = await anyio.to_thread.run_sync(Workload, arguments.rounds)
     process = psutil.Process()
     rates = json.loads(arguments.rates) if arguments.rates else []
-    storage = contextlib.nullcontext(None)
+    tuned = None
     if arguments.worker == "tuner":  # Optuna and SQLAlchemy imported untimed
-        storage = StorageTime()
+        import optuna  # noqa: F401
+
+        import programlogic.tuning  # noqa: F401
     load = os.getloadavg()[0]
     async with LocalContext():
         await workload.warm_up(arguments.root / "warm_up")
         cpu_start, start = sum(process.cpu_times()[:2]), time.perf_counter()
-        with PeakRSS() as memory, storage as waited:
+        with PeakRSS() as memory:
             if arguments.worker == "tuner":
                 root = arguments.root / "study"
-                rates = await with_tuner(workload, arguments.trials, root, arguments.run)
+                tuned = await with_tuner(workload, arguments.trials, root, arguments.run)
+                rates = [trial.params["client_lr"] for trial in tuned.trials]
             else:
                 root = arguments.root / "hand"
                 await by_hand(workload, rates, root, arguments.run)
@@ -264,8 +201,10 @@ async def worker(arguments: argparse.Namespace) -> dict[str, Any]:
         "rss_before_mib": round(memory.start / 2**20, 1),
         "peak_rss_mib": round(memory.peak / 2**20, 1),
         "added_rss_mib": round((memory.peak - memory.start) / 2**20, 1),
-        "storage_s": None if waited is None else round(waited.seconds, 3),
-        "storage_calls": None if waited is None else waited.calls,
+        # The seconds tune awaited its study's storage and locks (TuningResult's count):
+        # the direct part of its overhead, as whole runs' wall times are too noisy to show it.
+        "storage_s": None if tuned is None else round(tuned.storage_seconds, 3),
+        "storage_calls": None if tuned is None else tuned.storage_calls,
         "load_average": round(load, 2),
         "client_lrs": rates,
         "accuracies": final_accuracies(root, len(rates)),

@@ -40,6 +40,7 @@ from programlogic.exceptions import (
     ProgramLogicError,
     ResumeError,
 )
+from programlogic.file_run import FileRun, FileRunEvaluation
 from programlogic.process import LearningProcess, LearningProcessOutput
 from programlogic.runner import run
 from programlogic.stopping import (
@@ -75,6 +76,8 @@ __all__ = [
     "FederatedContext",
     "FederatedDataSource",
     "FederatedDataSourceIterator",
+    "FileRun",
+    "FileRunEvaluation",
     "HandleDataSource",
     "InMemoryDataSource",
     "LearningProcess",

@@ -15,6 +15,7 @@ import logging
 import math
 import numbers
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,14 @@ class StudyStore:
         self._active: set[int] = set()
         self.failure: BaseException | None = None
         """The first error of the storage or the locks: a failure of the tuner itself."""
+        self.seconds = 0.0
+        """The seconds awaited in :meth:`call`, summed (waits for one another included)."""
+        self.calls = 0
+        """How many :meth:`call` calls were made."""
 
     async def call(self, function: Callable[..., Any], *args: Any) -> Any:
         """Run ``function(*args)`` on the store's thread; remember an error as the tuner's."""
+        start = time.perf_counter()
         try:
             return await anyio.to_thread.run_sync(function, *args, limiter=self._limiter)
         except _TrialCodeError as error:
@@ -184,6 +190,9 @@ class StudyStore:
             if self.failure is None:
                 self.failure = error
             raise
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
 
     # Everything below runs on the store's thread, through call().
 

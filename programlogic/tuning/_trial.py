@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,13 +11,9 @@ from typing import Any
 import anyio.to_thread
 
 from managers.release.base import ReleaseKey, ReleaseManager, check_key
-from managers.release.csv_file import CSVFileReleaseManager
-from managers.release.grouping import GroupingReleaseManager
-from managers.release.model_file import ModelFileReleaseManager
-from managers.state.file import FileProgramStateManager
 from managers.validation import check_int, check_interface
 from programlogic.data import FederatedDataSource
-from programlogic.evaluation import EvaluationManager
+from programlogic.file_run import FileRun, FileRunEvaluation
 from programlogic.process import LearningProcess
 from programlogic.stopping import StoppingPolicy, StopReason, metric_of_round
 from programlogic.training import TrainingResult, train_model
@@ -111,13 +105,6 @@ class _Pruning(StoppingPolicy, ReleaseManager):
         return PRUNED if pruned else None
 
 
-class _Discarding(ReleaseManager):
-    """Drops what it is given: the per-round metrics of one-round evaluations."""
-
-    async def release(self, value: Any, key: ReleaseKey) -> None:
-        check_key(key)
-
-
 async def build_program(
     build_trial: Callable[[TrialSpec], TrialProgram | Awaitable[TrialProgram]], spec: TrialSpec
 ) -> TrialProgram:
@@ -142,45 +129,27 @@ async def run_trial(
     """Train the trial to its end (or its pruning), resuming what its directory holds."""
     pruning = _Pruning(store, claim, metric)
     pruning.pruned_at = await store.call(store.pruned_at, claim)  # set before a crash
-    async with contextlib.AsyncExitStack() as stack:
-
-        def closed_on_exit(manager: Any) -> Any:
-            stack.push_async_callback(manager.aclose)
-            return manager
-
-        evaluations = closed_on_exit(
-            EvaluationManager(
-                data_source=program.evaluation_data_source,
-                aggregated_metrics_manager=GroupingReleaseManager(
-                    [
-                        closed_on_exit(CSVFileReleaseManager(directory / "evaluation.csv")),
-                        pruning,
-                    ]
-                ),
-                create_state_manager_fn=lambda name: FileProgramStateManager(
-                    directory / "evaluation" / name
-                ),
-                create_process_fn=lambda name: (program.evaluation_process, _Discarding()),
-                cohort_size=program.evaluation_per_round_clients,
-                duration=datetime.timedelta(0),
-                # One at a time, in the order started: the initial model's evaluation,
-                # which overlaps rounds 1.. even as training waits, ends before round
-                # r's, so evaluation.csv's rows are in round order on every run.
-                max_concurrent=1,
-                seed=program.seed,
-            )
-        )
+    evaluation = FileRunEvaluation(
+        process=program.evaluation_process,
+        data_source=program.evaluation_data_source,
+        cohort_size=program.evaluation_per_round_clients,
+        # One at a time, in the order started: the initial model's evaluation, which
+        # overlaps rounds 1.. even as training waits, ends before round r's, so
+        # evaluation.csv's rows are in round order on every run.
+        max_concurrent=1,
+        seed=program.seed,
+        metrics_managers=[pruning],
+        state_keep_total=5,
+    )
+    async with FileRun(directory, state_keep_total=5, evaluation=evaluation) as run:
         return await train_model(
             train_process=program.train_process,
             train_data_source=program.train_data_source,
             train_per_round_clients=program.train_per_round_clients,
             train_total_rounds=program.train_total_rounds,
-            program_state_manager=closed_on_exit(FileProgramStateManager(directory / "state")),
-            model_output_manager=ModelFileReleaseManager(directory / "models"),
-            train_metrics_manager=closed_on_exit(CSVFileReleaseManager(directory / "metrics.csv")),
-            evaluation_manager=evaluations,
             evaluation_periodicity=program.evaluation_periodicity,
             seed=program.seed,
             stopping=pruning,
             stopping_waits_for_evaluations=True,
+            **run.train_model_arguments(),
         )

@@ -9,10 +9,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
+STUDIES = BENCH / "studies"
 
 
 def run_bench(script: str, *arguments: str) -> str:
-    """What ``bench/<script> arguments...`` prints; fails the test if the script fails."""
+    """What ``bench/<script> arguments...`` prints (``studies/<script>`` for a study);
+    fails the test if the script fails."""
     environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     completed = subprocess.run(
         [sys.executable, str(BENCH / script), *arguments],

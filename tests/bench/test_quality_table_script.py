@@ -1,4 +1,4 @@
-"""bench/quality_table.py in its tiny form: 2 rounds, FedAvg, the middle grid cell, digits.
+"""bench/studies/quality_table.py in its tiny form: 2 rounds, FedAvg, the middle grid cell, digits.
 
 The script runs in a subprocess (as it is run outside CI) and writes its results to a
 file in a temporary directory; a second run with the same arguments resumes and trains
@@ -21,7 +21,7 @@ KEY = "table/digits/fedavg/0.1/1.0/2/10/0"
 
 
 def run_script(out: Path) -> str:
-    return run_bench("quality_table.py", *TINY, "--out", str(out))
+    return run_bench("studies/quality_table.py", *TINY, "--out", str(out))
 
 
 @pytest.fixture(scope="module")

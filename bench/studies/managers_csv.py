@@ -9,7 +9,7 @@ speed-up over TFF 0.87's CSV release, measured at 2.6-3.8 ms a row on this machi
 which other load on the machine disturbs less than the wall-clock times. The first row
 creates the file, so it is not counted in the means.
 
-    python bench/managers_csv.py [--rows 10000] [--window 1000] [--backend asyncio|trio]
+    python bench/studies/managers_csv.py [--rows 10000] [--window 1000] [--backend asyncio|trio]
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Prints one JSON line per size: median times in milliseconds and the ratios
 under ``--dir`` (default: the system's temporary directory; pick one on the disk you
 care about).
 
-    python bench/managers_state.py [--saves 20] [--dir PATH] [--backend asyncio|trio]
+    python bench/studies/managers_state.py [--saves 20] [--dir PATH] [--backend asyncio|trio]
 """
 
 from __future__ import annotations

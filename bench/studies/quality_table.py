@@ -48,11 +48,11 @@ data set, algorithm, rates, rounds, clients per round, seed) is skipped, so a lo
 resumes where it stopped. The script prints each cell, then the Markdown tables of
 ``--out`` for ``--rounds`` and ``--seed``.
 
-    python bench/quality_table.py [--rounds 100] [--clients-per-round 10]
+    python bench/studies/quality_table.py [--rounds 100] [--clients-per-round 10]
         [--datasets digits fmnist_dir0.1 fmnist_dir1.0]
         [--algorithms fedavg fedavgm fedadam fedyogi fedprox] [--grid full|center|best]
         [--seed 0] [--out bench/results/quality_table.json] [--table-only]
-    python bench/quality_table.py --poisoning [--poisoning-datasets ...] [--rounds 100]
+    python bench/studies/quality_table.py --poisoning [--poisoning-datasets ...] [--rounds 100]
 
 Not run in CI (the full table is about half an hour of two cores);
 ``tests/bench/test_quality_table_script.py`` runs a 2-round, one-cell form.
@@ -65,7 +65,6 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,8 +75,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import anyio
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
 
 import tensorflow as tf  # noqa: E402
 
@@ -92,6 +90,7 @@ from programlogic.datasets import (  # noqa: E402
 from programlogic.learning import (  # noqa: E402
     ClientTransform,
     ModelAggregator,
+    adam,
     build_weighted_fed_avg,
     build_weighted_fed_prox,
     mean,
@@ -99,11 +98,29 @@ from programlogic.learning import (  # noqa: E402
     mlp,
     sgd,
     trimmed_mean,
+    yogi,
 )
-from samples._job_algorithms import server_optimizer  # noqa: E402
+
+SERVER_MOMENTUM = 0.9
+"""FedAvgM's server momentum, as the main job's (``samples/_job_algorithms.py``)."""
+ADAPTIVITY = 1e-3
+"""FedAdam's and FedYogi's epsilon, as the main job's."""
 
 DATASETS = ("digits", "fmnist_dir0.1", "fmnist_dir1.0")
 ALGORITHMS = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedprox")
+
+
+def server_optimizer(algorithm: str, learning_rate: float) -> Any:
+    """The server optimizer of ``algorithm`` with ``learning_rate``, as the main job's."""
+    if algorithm == "fedavgm":
+        return sgd(learning_rate, momentum=SERVER_MOMENTUM)
+    if algorithm == "fedadam":
+        return adam(learning_rate, epsilon=ADAPTIVITY)
+    if algorithm == "fedyogi":
+        return yogi(learning_rate, epsilon=ADAPTIVITY)
+    return sgd(learning_rate)
+
+
 CLIENT_LRS = (0.03, 0.1, 0.3)
 """The client SGD learning rates of the grid, for every algorithm."""
 SERVER_LRS = {

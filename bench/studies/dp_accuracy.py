@@ -22,7 +22,7 @@ seconds each, the first rounds of a run; later rounds take 0.2 to 0.4 s on 2 cor
 
 Prints a Markdown table and writes every number to ``--out`` (JSON).
 
-    PYTHONPATH=. python bench/dp_accuracy.py [--rounds 400] [--noise 0 0.5 1 2 3]
+    PYTHONPATH=. python bench/studies/dp_accuracy.py [--rounds 400] [--noise 0 0.5 1 2 3]
         [--adaptive-noise 1.0] [--clip 0.5] [--out bench/results/dp_accuracy.json]
 """
 
