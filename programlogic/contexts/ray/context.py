@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import datetime
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,7 +30,6 @@ __all__ = ["RayContext"]
 T = TypeVar("T")
 
 _NOT_ENTERED = "RayContext is not entered: use `async with RayContext():`"
-_DEPRECATED_NUM_WORKERS = "RayContext's num_workers is deprecated: use max_workers"
 
 
 def _seconds(name: str, value: object) -> float | None:
@@ -44,18 +42,6 @@ def _seconds(name: str, value: object) -> float | None:
     return float(value)
 
 
-def _workers(max_workers: int | None, num_workers: int | None) -> int | None:
-    """``max_workers``, or the deprecated ``num_workers`` (with a DeprecationWarning)."""
-    check_int("max_workers", max_workers, minimum=1, allow_none=True)
-    if num_workers is None:
-        return max_workers
-    check_int("num_workers", num_workers, minimum=1, allow_none=True)
-    if max_workers is not None:
-        raise TypeError("RayContext takes max_workers or num_workers (deprecated), not both")
-    warnings.warn(_DEPRECATED_NUM_WORKERS, DeprecationWarning, stacklevel=3)
-    return num_workers
-
-
 class RayContext(StreamingContext):
     """Runs client work on a pool of Ray actors; server-side steps in this process.
 
@@ -65,7 +51,6 @@ class RayContext(StreamingContext):
       initialized in this process, the context uses that connection and leaves it open.
     - ``max_workers``: the actors in the pool (default: the cluster's CPUs divided by
       the CPUs a worker takes, at least 1); it is the context's ``parallelism``.
-      ``num_workers`` is its deprecated name.
     - ``resources_per_worker``: what each actor reserves, e.g. ``{"CPU": 1, "GPU": 0.5}``
       (default ``{"CPU": 1}``); a need the cluster cannot meet is a ``ValueError``.
     - ``round_deadline`` (seconds or a timedelta, counted from the start of a call's
@@ -103,10 +88,9 @@ class RayContext(StreamingContext):
         max_retries: int = 3,
         health_check_interval: float = 2.0,
         init_options: Mapping[str, Any] | None = None,
-        num_workers: int | None = None,
     ) -> None:
         check_str("address", address, allow_empty=False, allow_none=True)
-        max_workers = _workers(max_workers, num_workers)
+        check_int("max_workers", max_workers, minimum=1, allow_none=True)
         if resources_per_worker is None:
             resources_per_worker = {"CPU": 1}
         check_type("resources_per_worker", resources_per_worker, Mapping)
@@ -135,12 +119,6 @@ class RayContext(StreamingContext):
         )
         self._tables: dict[str, tuple[Any, Any]] = {}
         self._calls = 0
-
-    @property
-    def num_workers(self) -> int | None:
-        """Deprecated name of :attr:`max_workers`."""
-        warnings.warn(_DEPRECATED_NUM_WORKERS, DeprecationWarning, stacklevel=2)
-        return self.max_workers
 
     @property
     def parallelism(self) -> int:

@@ -575,25 +575,14 @@ async def test_resources_the_cluster_cannot_meet_are_a_clear_error_on_entering(c
     assert not ray.is_initialized()
 
 
-async def test_num_workers_is_the_deprecated_name_of_max_workers() -> None:
-    with pytest.warns(DeprecationWarning, match="num_workers is deprecated: use max_workers"):
-        context = RayContext(num_workers=3)
+async def test_max_workers_is_the_one_name_of_the_pool_size() -> None:
+    context = RayContext(max_workers=3)
     assert (context.max_workers, context.parallelism) == (3, 3)
-    with pytest.warns(DeprecationWarning, match="num_workers is deprecated"):
-        assert context.num_workers == 3
-    with pytest.raises(ValueError, match="num_workers must be an int >= 1 or None, got 0"):
-        RayContext(num_workers=0)
-    with pytest.raises(TypeError, match="max_workers or num_workers"):
-        RayContext(max_workers=2, num_workers=2)
-
-
-@asyncio_only
-async def test_the_old_name_still_runs_a_pool_of_that_size(cluster) -> None:
-    with pytest.warns(DeprecationWarning):
-        context = RayContext(cluster.address, num_workers=2)
-    async with context:
-        assert context.parallelism == 2
-        assert await context.map_clients(meet, make_flags(), meeting()) == ["x", "y"]
+    assert not hasattr(context, "num_workers")
+    with pytest.raises(TypeError, match="num_workers"):
+        RayContext(num_workers=3)
+    with pytest.raises(ValueError, match="max_workers must be an int >= 1 or None, got 0"):
+        RayContext(max_workers=0)
 
 
 async def test_work_outside_the_context_is_a_clear_error() -> None:
