@@ -12,7 +12,6 @@ from programlogic.learning.aggregators import (
     mean,
     unweighted_mean,
 )
-from programlogic.learning.dp import AdaptiveClipping, DPMean, adaptive_clipping, dp_mean
 from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.fed_prox import (
@@ -40,6 +39,7 @@ from programlogic.learning.optimizers import (
     sgd,
     yogi,
 )
+from programlogic.learning.privacy import AdaptiveClipping, DPMean, adaptive_clipping, dp_mean
 from programlogic.learning.robust import clipping, median, trimmed_mean
 
 __all__ = [
