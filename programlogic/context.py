@@ -60,21 +60,24 @@ class FederatedContext(abc.ABC):
     - ``run(fn, *args)``: run a synchronous server-side step (initialize, aggregation,
       an optimizer step) off the event loop and return its result. Exceptions raised
       by ``fn`` propagate unchanged.
-    - ``map_clients(fn, broadcast, clients, group_size=None)``: for every client handle,
-      load its data where the work runs and call ``fn(broadcast, client_id, data)``;
-      return the results in the order of ``clients``, not in the order they finished.
-      With ``group_size``, ``fn`` receives up to that many clients at once
-      (``fn(broadcast, client_ids, datas)`` returning one result per client), so a
-      backend may vectorize them. Work that raises fails the call with
-      :class:`~programlogic.exceptions.ClientError` naming the client (or the group);
-      the other clients' work is cancelled or discarded. A cancelled call leaves no
-      work running when it returns.
+    - ``stream_units(fn, broadcast, clients, group_size, consume)``: the client work.
+      For every client handle, load its data where the work runs and call
+      ``fn(broadcast, client_id, data)``; with ``group_size``, ``fn`` receives up to
+      that many clients at once (``fn(broadcast, client_ids, datas)`` returning one
+      result per client), so a backend may vectorize them. Hand each result to
+      ``consume`` in the order of ``clients``, not in the order they finished. Work
+      that raises fails the call with :class:`~programlogic.exceptions.ClientError`
+      naming the client (or the group); the other clients' work is cancelled or
+      discarded. A cancelled call leaves no work running when it returns. The method's
+      docstring is the full contract; :mod:`programlogic.contexts.units` cuts clients
+      into units and computes a unit the same way for every backend.
 
     What the base class provides:
 
-    - ``aggregate_clients``: fold client results in client order with ``accumulate``,
-      so memory need not grow with the number of clients; implementations may
-      override it to consume results as they arrive.
+    - ``map_clients(fn, broadcast, clients, group_size=None)``: the results of
+      ``stream_units`` as a list, in client order.
+    - ``aggregate_clients``: client results folded with ``accumulate`` in client order
+      as they are handed over, so memory need not grow with the number of clients.
     - ``background``: a :class:`~programlogic.tasks.TaskTracker` for work that outlives
       a call (forked evaluations). Leaving the context cancels what is unfinished;
       failures nobody collected are raised then.
@@ -106,6 +109,40 @@ class FederatedContext(abc.ABC):
         """``fn(*args)``, computed off the event loop."""
 
     @abc.abstractmethod
+    async def stream_units(
+        self,
+        fn: ClientFn | GroupFn,
+        broadcast: Any,
+        clients: Sequence[ClientHandle],
+        group_size: int | None,
+        consume: Callable[[Any], None],
+    ) -> None:
+        """Run the client work of ``clients`` and hand each result to ``consume``, in client order.
+
+        Receives what ``map_clients`` received: the client function ``fn`` (per client,
+        or per group when ``group_size`` is not None), the ``broadcast`` value passed to
+        every call of ``fn``, the ``clients`` handles, and ``group_size`` as the caller
+        gave it (check it with :func:`~programlogic.contexts.units.check_group_size`
+        before any work starts). ``consume`` runs on the event loop; call it once per
+        client result, in the order of ``clients``, as soon as every earlier result has
+        been handed over, never from another thread.
+
+        Contract:
+
+        - Cut ``clients`` with :func:`~programlogic.contexts.units.split_units` and
+          compute each unit with :func:`~programlogic.contexts.units.compute_unit`
+          where the work runs, which loads the clients' data there.
+        - A client (or group) whose loader or work raises fails the call with
+          :class:`~programlogic.exceptions.ClientError` naming it, its error as
+          ``__cause__`` (``compute_unit`` raises it); the call's other work is
+          cancelled or its results discarded, and nothing of it is consumed after.
+        - When the call is cancelled, or fails, it returns only once the work it started
+          has finished or been interrupted, and it starts no further unit.
+        - A backend that drops clients leaves their results out and reports them with
+          :func:`~programlogic.context.report_dropped_clients`.
+        - A context that is not entered raises ``RuntimeError`` saying it is "not entered".
+        """
+
     async def map_clients(
         self,
         fn: ClientFn | GroupFn,
@@ -115,6 +152,9 @@ class FederatedContext(abc.ABC):
         group_size: int | None = None,
     ) -> list[Any]:
         """The result of the client work for each client, in the order of ``clients``."""
+        results: list[Any] = []
+        await self.stream_units(fn, broadcast, clients, group_size, results.append)
+        return results
 
     async def aggregate_clients(
         self,
@@ -128,12 +168,18 @@ class FederatedContext(abc.ABC):
     ) -> A:
         """``accumulate`` applied to the client results in client order, from ``initial``.
 
+        Each result is folded as :meth:`stream_units` hands it over, so a backend holds
+        no more results than it keeps waiting for earlier clients.
         ``accumulate(total, result)`` returns the new total; it runs on the event loop
         thread, so it should be cheap (a weighted sum), or offload its work itself.
         """
         total = initial
-        for result in await self.map_clients(fn, broadcast, clients, group_size=group_size):
+
+        def consume(result: Any) -> None:
+            nonlocal total
             total = accumulate(total, result)
+
+        await self.stream_units(fn, broadcast, clients, group_size, consume)
         return total
 
     @property

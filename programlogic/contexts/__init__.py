@@ -7,18 +7,16 @@ dependencies are needed only by programs that use them: ``programlogic.contexts.
 (``TFFContext``, ``TFFLearningProcess``) needs TensorFlow Federated 0.87, which
 ``scripts/install_tff.sh`` installs.
 
-A new backend subclasses :class:`StreamingContext` and implements its ``run`` and
+A new backend subclasses :class:`~programlogic.FederatedContext` and implements its ``run`` and
 ``stream_units``, cutting a call's clients with :func:`split_units` and computing each
-unit with :func:`compute_unit` (see ``streaming`` and ``units``).
+unit with :func:`compute_unit` (see :mod:`programlogic.contexts.units`).
 """
 
 from programlogic.contexts.local import LocalContext
-from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
 
 __all__ = [
     "LocalContext",
-    "StreamingContext",
     "check_group_size",
     "compute_unit",
     "split_units",

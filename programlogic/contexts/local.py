@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from managers.taskgroups import task_group
 from managers.validation import check_int
-from programlogic.context import ClientFn, GroupFn
+from programlogic.context import ClientFn, FederatedContext, GroupFn
 from programlogic.contexts._threads import WorkerThreads
-from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
 
 if TYPE_CHECKING:
@@ -21,7 +20,7 @@ __all__ = ["LocalContext"]
 T = TypeVar("T")
 
 
-class LocalContext(StreamingContext):
+class LocalContext(FederatedContext):
     """Runs client work and server-side steps on worker threads of this process.
 
     The context starts ``max_workers`` threads of its own when entered (default: the

@@ -60,5 +60,5 @@ async def test_the_backend_written_with_the_backend_kit_passes_the_context_suite
     tmp_path,
 ) -> None:
     [example] = [block for block in kit_examples() if "(FederatedContextContract)" in block]
-    assert "(StreamingContext)" in example and "(FederatedContextContract)" in example
+    assert "(FederatedContext)" in example and "(FederatedContextContract)" in example
     passes_as_a_test_file(example, tmp_path)

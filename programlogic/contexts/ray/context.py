@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from managers.validation import check_int, check_number, check_str, check_timedelta, check_type
-from programlogic.context import ClientFn, GroupFn
+from programlogic.context import ClientFn, FederatedContext, GroupFn
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts.ray._pool import ActorPool, kill
 from programlogic.contexts.ray._scheduler import UnitScheduler
 from programlogic.contexts.ray._session import RaySession
 from programlogic.contexts.ray._worker import CACHED_FUNCTIONS
-from programlogic.contexts.streaming import StreamingContext
 from programlogic.contexts.units import check_group_size, split_units
 from programlogic.data import TableBackedLoader
 from programlogic.exceptions import NotEnoughClientsError
@@ -42,7 +41,7 @@ def _seconds(name: str, value: object) -> float | None:
     return float(value)
 
 
-class RayContext(StreamingContext):
+class RayContext(FederatedContext):
     """Runs client work on a pool of Ray actors; server-side steps in this process.
 
     - ``address``: the cluster to connect to (``"10.0.0.1:6379"``, or ``"auto"``: the

@@ -13,9 +13,8 @@ import anyio
 import tensorflow_federated as tff
 
 from managers.validation import check_int
-from programlogic.context import ClientFn, GroupFn
+from programlogic.context import ClientFn, FederatedContext, GroupFn
 from programlogic.contexts.local import LocalContext
-from programlogic.contexts.streaming import StreamingContext
 
 if TYPE_CHECKING:
     from programlogic.data import ClientHandle
@@ -29,7 +28,7 @@ T = TypeVar("T")
 _STOP_TIMEOUT_S = 10.0
 
 
-class TFFContext(StreamingContext):
+class TFFContext(FederatedContext):
     """Runs TFF computations on TFF's C++ runtime, on a thread of its own.
 
     Entering the context starts one worker thread and makes a new TFF synchronous
