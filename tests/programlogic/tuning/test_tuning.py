@@ -82,6 +82,8 @@ async def test_each_trial_trains_evaluates_and_keeps_its_files(tmp_path: Path) -
     assert result.best == min(result.trials, key=lambda trial: trial.value)
     assert (tmp_path / "study.db").exists()
     assert len(result.study.trials) == 6
+    # Each trial claims, reports and finishes through the storage: at least 3 calls each.
+    assert result.storage_calls >= 3 * 6 and result.storage_seconds > 0
 
 
 async def test_a_study_is_a_function_of_its_seed(tmp_path: Path, anyio_backend: str) -> None:
