@@ -11,6 +11,7 @@ from managers.validation import check_int
 from programlogic.context import ClientFn, FederatedContext, GroupFn
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts.units import check_group_size, compute_unit, split_units
+from programlogic.exceptions import ClientError
 
 if TYPE_CHECKING:
     from programlogic.data import ClientHandle
@@ -33,8 +34,12 @@ class LocalContext(FederatedContext):
 
     Results come back in client order. :meth:`aggregate_clients` consumes them as soon
     as every earlier client's result is in, so at most the out-of-order results wait in
-    memory. Cancelling a call waits for the threads already computing to finish their
-    current client (a thread cannot be interrupted) and starts no further client.
+    memory. A client whose work raises fails the call with
+    :class:`~programlogic.exceptions.ClientError` once every earlier client's result is
+    handed over, and no later client starts, so what a failed call handed over does not
+    depend on which thread was faster. Cancelling a call waits for the threads already
+    computing to finish their current client (a thread cannot be interrupted) and starts
+    no further client.
     """
 
     _thread_name = "programlogic-local"
@@ -80,7 +85,7 @@ class LocalContext(FederatedContext):
         units = split_units(clients, group_size)
         if not units:
             return
-        pending: dict[int, list[Any]] = {}
+        pending: dict[int, list[Any] | ClientError] = {}
         next_unit_to_run = 0
         next_unit_to_consume = 0
 
@@ -93,9 +98,18 @@ class LocalContext(FederatedContext):
             while next_unit_to_run < len(units):
                 index = next_unit_to_run
                 next_unit_to_run += 1
-                pending[index] = await workers.run(compute, units[index])
+                try:
+                    pending[index] = await workers.run(compute, units[index])
+                except ClientError as error:
+                    # Raised once every earlier unit is handed over, so that what finished
+                    # before a failure does not depend on which thread was faster.
+                    pending[index] = error
+                    next_unit_to_run = len(units)
                 while next_unit_to_consume in pending:
-                    for result in pending.pop(next_unit_to_consume):
+                    results = pending.pop(next_unit_to_consume)
+                    if isinstance(results, ClientError):
+                        raise results
+                    for result in results:
                         consume(result)
                     next_unit_to_consume += 1
 

@@ -1,6 +1,6 @@
 """The units of work of a round: how every backend splits and computes a round's clients.
 
-A backend's :meth:`~programlogic.contexts.streaming.FederatedContext.stream_units` cuts
+A backend's :meth:`~programlogic.FederatedContext.stream_units` cuts
 the clients with :func:`split_units` and computes each unit with :func:`compute_unit`
 where its work runs. Backends that split clients identically compute identical groups,
 so a vectorized group function (FedAvg's) gives the same bits on every backend, and

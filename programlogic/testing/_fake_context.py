@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import pickle
 from collections.abc import Callable, Iterable, Sequence
@@ -10,12 +11,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from managers.taskgroups import task_group
 from managers.validation import check_int, check_interface, check_type, describe
 from programlogic.context import ClientFn, GroupFn, report_dropped_clients
-from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts.local import LocalContext
-from programlogic.contexts.units import check_group_size, compute_unit, split_units
+from programlogic.contexts.units import check_group_size
+from programlogic.data import ClientHandle
 from programlogic.exceptions import ClientError, ClusterConnectionError, NotEnoughClientsError
 from programlogic.testing.faults import (
     DropClients,
@@ -27,7 +27,6 @@ from programlogic.testing.faults import (
 )
 
 if TYPE_CHECKING:
-    from programlogic.data import ClientHandle
     from programlogic.testing import FakeClock
 
 __all__ = ["CallRecord", "FakeContext"]
@@ -143,12 +142,11 @@ class FakeContext(LocalContext):
     ) -> None:
         """Run the work of ``clients``, playing the faults of this call, and hand each
         result to ``consume`` in client order."""
-        workers = self._require_workers()
         check_group_size(group_size)
         record = CallRecord(len(self.calls) + 1, [client.client_id for client in clients])
         self.calls.append(record)
         try:
-            await self._play(record, workers, fn, broadcast, clients, group_size, consume)
+            await self._play(record, fn, broadcast, clients, group_size, consume)
         except anyio.get_cancelled_exc_class():
             record.outcome = "cancelled"
             raise
@@ -160,13 +158,14 @@ class FakeContext(LocalContext):
     async def _play(
         self,
         record: CallRecord,
-        workers: WorkerThreads,
         fn: ClientFn | GroupFn,
         broadcast: Any,
         clients: Sequence[ClientHandle],
         group_size: int | None,
         consume: Callable[[Any], None],
     ) -> None:
+        """The call on :class:`~programlogic.LocalContext`'s ordered workers, with the
+        plan's faults: the cluster lost, clients dropped before and failing as they run."""
         number = record.call
         if self._lost_in is None and self._faults_of(LoseCluster, number):
             logger.info("FakeContext: the cluster is lost in call %d", number)
@@ -175,48 +174,26 @@ class FakeContext(LocalContext):
             raise ClusterConnectionError(
                 f"FakeContext lost its cluster in call {self._lost_in} (a LoseCluster fault)"
             )
-        record.broadcast_bytes = await workers.run(_pickled_size, broadcast)
+        record.broadcast_bytes = await self.run(_pickled_size, broadcast)
         dropping = {c for fault in self._faults_of(DropClients, number) for c in fault.clients}
         kept = [client for client in clients if client.client_id not in dropping]
         failing = {fault.client: fault for fault in self._faults_of(FailClient, number)}
-        units = split_units(kept, group_size)
-        next_unit_to_run = 0
-        next_unit_to_consume = 0
-        pending: dict[int, list[Any] | ClientError] = {}
+        kept = [
+            ClientHandle(
+                client.client_id,
+                functools.partial(_fail, failing[client.client_id], client.client_id, number),
+            )
+            if client.client_id in failing
+            else client
+            for client in kept
+        ]
 
-        def compute(unit: list[ClientHandle]) -> list[Any]:
-            ids = [client.client_id for client in unit]
-            return compute_unit(fn, broadcast, ids, [c.load for c in unit], group_size is not None)
-
-        async def worker() -> None:
-            nonlocal next_unit_to_run, next_unit_to_consume
-            while next_unit_to_run < len(units):
-                index = next_unit_to_run
-                next_unit_to_run += 1
-                try:
-                    pending[index] = await _compute_or_fail(
-                        workers, compute, units[index], failing, number
-                    )
-                except ClientError as error:
-                    # Raised once every earlier unit is handed over, so that what finished
-                    # before a failure does not depend on which thread was faster.
-                    pending[index] = error
-                    next_unit_to_run = len(units)
-                while next_unit_to_consume in pending:
-                    results = pending.pop(next_unit_to_consume)
-                    if isinstance(results, ClientError):
-                        raise results
-                    for result in results:
-                        consume(result)
-                    record.finished.extend(
-                        client.client_id for client in units[next_unit_to_consume]
-                    )
-                    next_unit_to_consume += 1
+        def handed_over(result: Any) -> None:
+            consume(result)
+            record.finished.append(kept[len(record.finished)].client_id)
 
         try:
-            async with task_group() as group:
-                for _ in range(min(self.max_workers, len(units))):
-                    group.start_soon(worker)
+            await super().stream_units(fn, broadcast, kept, group_size, handed_over)
         except ClientError as error:
             record.failed = list(error.client_ids)
             raise
@@ -239,23 +216,12 @@ class FakeContext(LocalContext):
             raise NotEnoughClientsError(kept, required, len(record.dropped))
 
 
-async def _compute_or_fail(
-    workers: WorkerThreads,
-    compute: Callable[[list[ClientHandle]], list[Any]],
-    unit: list[ClientHandle],
-    failing: dict[str, FailClient],
-    call: int,
-) -> list[Any]:
-    """The results of ``unit``, or the ClientError of the first of its clients in ``failing``."""
-    ids = [client.client_id for client in unit]
-    for client_id in ids:
-        if client_id in failing:
-            fault = failing[client_id]
-            error = fault.error or SimulatedCrash(
-                f"client {client_id!r} failed in call {call} (a FailClient fault)"
-            )
-            raise ClientError(ids, error) from error
-    return await workers.run(compute, unit)
+def _fail(fault: FailClient, client_id: str, call: int) -> Any:
+    """The loader of a client a :class:`FailClient` fault fails: it raises the fault's
+    error, so the context fails the client's unit before its work runs."""
+    raise fault.error or SimulatedCrash(
+        f"client {client_id!r} failed in call {call} (a FailClient fault)"
+    )
 
 
 def _pickled_size(value: Any) -> int | None:

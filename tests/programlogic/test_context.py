@@ -192,6 +192,33 @@ async def test_a_failing_client_names_the_client_and_keeps_the_error() -> None:
     assert caught.value.error is caught.value.__cause__
 
 
+async def test_a_failed_call_hands_over_every_earlier_client_and_starts_no_later_one() -> None:
+    # c0 finishes only after c1 has failed on the other worker: the results a failed call
+    # hands over still do not depend on which thread was faster.
+    c1_failed = threading.Event()
+    started: list[str] = []
+
+    def work(broadcast: None, client_id: str, data: int) -> int:
+        started.append(client_id)
+        if client_id == "c1":
+            c1_failed.set()
+            raise ZeroDivisionError("bad client data")
+        if client_id == "c0":
+            assert c1_failed.wait(HANG_GUARD)
+        return data
+
+    consumed: list[int] = []
+
+    def accumulate(total: None, result: int) -> None:
+        consumed.append(result)
+
+    async with LocalContext(max_workers=2) as context:
+        with pytest.raises(ClientError, match="'c1'"):
+            await context.aggregate_clients(work, None, handles(4), accumulate, None)
+    assert consumed == [0]
+    assert sorted(started) == ["c0", "c1"]
+
+
 async def test_a_failing_loader_names_the_client() -> None:
     def broken() -> None:
         raise FileNotFoundError("client file is gone")
