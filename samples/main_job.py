@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
+import programlogic
 from main_job_flags import (
     ADAPTIVE,
     DamagedConfigError,
@@ -47,8 +49,6 @@ from main_job_flags import (
     record_config,
     run_config,
 )
-
-import programlogic
 from managers import (
     BestModelReleaseManager,
     FileProgramStateManager,

@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+
+import programlogic
 from main_job import HELD_OUT_ACCURACY, build_process, import_tensorflow
 from main_job_flags import (
     DamagedConfigError,
@@ -51,8 +53,6 @@ from main_job_flags import (
     record_config,
     whole_number,
 )
-
-import programlogic
 from managers import ModelFileReleaseManager
 from programlogic import LocalContext
 
