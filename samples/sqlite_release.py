@@ -25,8 +25,7 @@ import anyio.to_thread
 import numpy as np
 import orjson
 
-from managers import ReleaseManager, materialize
-from managers.release.base import ReleaseKey, check_key
+from managers import ReleaseKey, ReleaseManager, check_key, materialize
 from managers.structure import flatten
 
 __all__ = ["SQLiteReleaseManager"]

@@ -42,24 +42,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-# A script (python samples/tune.py, or run by runpy): the repository's root makes its
-# sibling modules importable as the samples package's.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import anyio
 
 import programlogic
-from managers import ModelFileReleaseManager
-from programlogic import LocalContext
-from samples._job_algorithms import build_process
-from samples._job_config import (
+from main_job import HELD_OUT_ACCURACY, build_process, import_tensorflow
+from main_job_flags import (
     DamagedConfigError,
     OtherRunError,
     check_config,
     record_config,
+    whole_number,
 )
-from samples._job_startup import import_tensorflow
-from samples.main_job import HELD_OUT_ACCURACY, _whole
+from managers import ModelFileReleaseManager
+from programlogic import LocalContext
 
 CLIENT_LEARNING_RATES = (1e-3, 1.0)
 SERVER_LEARNING_RATES = (0.1, 3.0)
@@ -93,6 +88,7 @@ def trial_builder(arguments: argparse.Namespace, data: Any) -> Any:
             algorithm="fedavg",
             aggregator="mean",
             clip_norm=None,
+            dp_noise_multiplier=None,
             batch_size=5,
             seed=arguments.seed,
             **spec.params,
@@ -255,20 +251,22 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         description="Tune FedAvg's learning rates and local epochs (rerun to resume).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--trials", type=_whole(1), default=20, help="trials in the study")
+    parser.add_argument("--trials", type=whole_number(1), default=20, help="trials in the study")
     parser.add_argument(
-        "--concurrency", type=_whole(1), default=4, help="trials that train at once"
+        "--concurrency", type=whole_number(1), default=4, help="trials that train at once"
     )
-    parser.add_argument("--rounds", type=_whole(1), default=30, help="rounds of each trial")
+    parser.add_argument("--rounds", type=whole_number(1), default=30, help="rounds of each trial")
     parser.add_argument(
         "--eval-every",
-        type=_whole(1),
+        type=whole_number(1),
         default=2,
         help="evaluate on the held-out writers (and maybe prune) every this many rounds",
     )
-    parser.add_argument("--seed", type=_whole(0), default=0, help="seeds the sampler and shuffles")
     parser.add_argument(
-        "--workers", type=_whole(1), help="threads that run client work (default: CPUs)"
+        "--seed", type=whole_number(0), default=0, help="seeds the sampler and shuffles"
+    )
+    parser.add_argument(
+        "--workers", type=whole_number(1), help="threads that run client work (default: CPUs)"
     )
     parser.add_argument(
         "--storage",

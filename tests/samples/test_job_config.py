@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from samples._job_config import RUN_DEFINING, OtherRunError, check_config, write_config
+from main_job_flags import record_config
 
 pytestmark = pytest.mark.anyio
 
@@ -52,31 +52,20 @@ async def test_a_damaged_config_file_gets_a_one_line_error_and_is_left_alone(
     assert sorted(tmp_path.iterdir()) == [path]
 
 
-async def test_a_crash_before_the_rename_leaves_the_old_config_whole(tmp_path, monkeypatch):
-    path = tmp_path / "config.json"
-    write_config(path, {"model": "softmax"})
-    before = path.read_bytes()
+async def test_a_crash_before_the_rename_leaves_no_config_and_the_first_one_stays(
+    tmp_path, monkeypatch
+):
+    root = tmp_path / "run"
 
     def crash(source: object, destination: object) -> None:
         raise OSError("simulated crash between the write and the rename")
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
-        write_config(path, {"model": "mlp"})
+        record_config(root, {"model": "softmax"})
     monkeypatch.undo()
-    assert path.read_bytes() == before
-    assert json.loads(before) == {"model": "softmax"}
-    assert sorted(tmp_path.iterdir()) == [path]  # no temporary file left behind
-    write_config(path, {"model": "mlp"})
-    assert json.loads(path.read_bytes()) == {"model": "mlp"}
-    assert sorted(tmp_path.iterdir()) == [path]
-
-
-async def test_a_run_recorded_before_the_algorithm_flag_resumes_as_fedavg(tmp_path):
-    config = {name: None for name in RUN_DEFINING} | {"model": "softmax", "server_lr": 1.0}
-    recorded = {name: value for name, value in config.items() if name != "algorithm"}
-    del recorded["proximal_strength"]  # written before these flags existed
-    write_config(tmp_path / "config.json", recorded)
-    check_config(tmp_path, {**config, "algorithm": "fedavg"})  # read as FedAvg's
-    with pytest.raises(OtherRunError, match="--algorithm 'fedavg' -> 'fedprox'"):
-        check_config(tmp_path, {**config, "algorithm": "fedprox", "proximal_strength": 0.01})
+    assert list(root.iterdir()) == []  # no config, no temporary file left behind
+    record_config(root, {"model": "softmax"})
+    record_config(root, {"model": "mlp"})  # a rerun never rewrites the run's flags
+    assert json.loads((root / "config.json").read_bytes()) == {"model": "softmax"}
+    assert sorted(root.iterdir()) == [root / "config.json"]

@@ -154,7 +154,7 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
     ("arguments", "message"),
     [
         (["--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
-        (["--client-lr", "-1"], "argument --client-lr: must be above 0, got -1"),
+        (["--client-lr", "-1"], "argument --client-lr: must be a finite number above 0, got -1"),
         (["--seed", "x"], "argument --seed: expected a whole number, got 'x'"),
         (["--dataset", "mnist"], "argument --dataset: invalid choice: 'mnist'"),
         (["--dataset", "emnist"], "--dataset emnist needs --emnist-train FILE.h5"),
@@ -164,9 +164,12 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
         (["--context", "ray", "--ray-address", " "], "--ray-address must not be empty"),
         (["--algorithm", "fedsgd"], "argument --algorithm: invalid choice: 'fedsgd'"),
         (["--proximal-strength", "0.1"], "--proximal-strength goes with --algorithm fedprox"),
-        (["--algorithm", "fedprox", "--proximal-strength", "0"], "must be above 0, got 0"),
+        (
+            ["--algorithm", "fedprox", "--proximal-strength", "0"],
+            "must be a finite number above 0, got 0",
+        ),
         (["--aggregator", "krum"], "argument --aggregator: invalid choice: 'krum'"),
-        (["--clip-norm", "0"], "argument --clip-norm: must be above 0, got 0"),
+        (["--clip-norm", "0"], "argument --clip-norm: must be a finite number above 0, got 0"),
     ],
 )
 async def test_bad_flags_get_a_one_line_error(tmp_path, arguments, message):
@@ -192,18 +195,16 @@ async def test_plotting_a_directory_without_metrics_says_what_is_missing(tmp_pat
 
 async def test_ctrl_c_stops_the_run_with_a_loadable_checkpoint_and_a_rerun_resumes(tmp_path):
     root = tmp_path / "run"
-    # A shell may start background jobs with SIGINT ignored; a person at a terminal has it.
-    launcher = (
-        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-    )
     script = SAMPLES / "main_job.py"
     log = tmp_path / "stderr.txt"
     with log.open("w") as stderr:
         running = subprocess.Popen(
-            [sys.executable, "-c", launcher, str(script), "--rounds", "5000", "--root", str(root)],
+            [sys.executable, str(script), "--rounds", "5000", "--root", str(root)],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            # A shell may start background jobs with SIGINT ignored, and Python then
+            # leaves it ignored; a person at a terminal has it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     try:
         deadline = time.monotonic() + 120
@@ -254,9 +255,9 @@ ALGORITHM_PROCESSES = {
 
 @pytest.mark.parametrize("flags", list(ALGORITHM_PROCESSES))
 async def test_each_algorithm_flag_builds_its_process(flags, tmp_path):
+    from main_job import build_process
+    from main_job_flags import parse_arguments
     from programlogic.learning import build_model
-    from samples._job_algorithms import build_process
-    from samples.main_job import parse_arguments
 
     arguments = parse_arguments([*flags, "--root", str(tmp_path)])
     process = build_process(arguments, lambda: build_model("softmax", (8, 8), 10))
@@ -310,9 +311,9 @@ AGGREGATOR_FLAGS = {
 
 @pytest.mark.parametrize("flags", list(AGGREGATOR_FLAGS))
 async def test_each_aggregator_flag_builds_its_model_aggregator(flags, tmp_path):
+    from main_job import build_process
+    from main_job_flags import parse_arguments
     from programlogic.learning import build_model
-    from samples._job_algorithms import build_process
-    from samples.main_job import parse_arguments
 
     arguments = parse_arguments([*flags, "--root", str(tmp_path)])
     process = build_process(arguments, lambda: build_model("softmax", (8, 8), 10))

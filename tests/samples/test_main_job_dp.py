@@ -102,9 +102,9 @@ DP_AGGREGATORS = {
 
 @pytest.mark.parametrize("flags", list(DP_AGGREGATORS))
 async def test_dp_flags_build_unweighted_fed_avg_with_dp_mean(flags, tmp_path):
+    from main_job import build_process
+    from main_job_flags import parse_arguments
     from programlogic.learning import build_model
-    from samples._job_algorithms import build_process
-    from samples.main_job import parse_arguments
 
     arguments = parse_arguments([*flags, "--root", str(tmp_path)])
     process = build_process(arguments, lambda: build_model("softmax", (8, 8), 10), num_clients=10)
@@ -117,9 +117,9 @@ async def test_dp_flags_build_unweighted_fed_avg_with_dp_mean(flags, tmp_path):
 
 
 async def test_a_dp_process_needs_the_number_of_training_clients(tmp_path):
+    from main_job import build_process
+    from main_job_flags import parse_arguments
     from programlogic.learning import build_model
-    from samples._job_algorithms import build_process
-    from samples.main_job import parse_arguments
 
     arguments = parse_arguments(["--dp-noise-multiplier", "1", "--root", str(tmp_path)])
     with pytest.raises(ValueError, match="a DP run needs num_clients"):
@@ -127,7 +127,7 @@ async def test_a_dp_process_needs_the_number_of_training_clients(tmp_path):
 
 
 async def test_dp_runs_sample_by_poisson_unless_told_and_others_uniformly(tmp_path):
-    from samples.main_job import parse_arguments
+    from main_job_flags import parse_arguments
 
     root = ["--root", str(tmp_path)]
     assert parse_arguments(root).sampling == "uniform"
@@ -183,7 +183,7 @@ async def test_dp_runs_sample_by_poisson_unless_told_and_others_uniformly(tmp_pa
     ],
 )
 async def test_bad_dp_flags_get_a_one_line_error(tmp_path, capsys, arguments, message):
-    from samples.main_job import parse_arguments
+    from main_job_flags import parse_arguments
 
     with pytest.raises(SystemExit) as exited:
         parse_arguments([*arguments, "--root", str(tmp_path / "run")])
@@ -193,8 +193,7 @@ async def test_bad_dp_flags_get_a_one_line_error(tmp_path, capsys, arguments, me
 
 
 async def test_old_configs_without_dp_flags_resume_as_non_private_runs(tmp_path):
-    from samples._job_config import RUN_DEFINING, check_config, run_config
-    from samples.main_job import parse_arguments
+    from main_job_flags import RUN_DEFINING, check_config, parse_arguments, run_config
 
     config = run_config(parse_arguments(["--root", str(tmp_path)]))
     old = {key: value for key, value in config.items() if not key.startswith(("dp_", "privacy"))}
@@ -304,10 +303,11 @@ async def test_a_privacy_budget_stops_the_run_and_a_resumed_run_stops_alike(tmp_
 
 
 async def test_the_progress_bar_shows_epsilon_when_a_round_reports_it(capsys):
-    from samples.main_job import ProgressBar
+    from main_job import ProgressBar
 
     train = {"loss": 0.5, "sparse_categorical_accuracy": 0.75}
-    async with ProgressBar(3, 0) as bar:
+    async with ProgressBar(3) as bar:
+        bar.start(0)
         await bar.release({"client_work": {"train": train}}, 1)
         assert "eps=" not in capsys.readouterr().err
         await bar.release({"client_work": {"train": train}, "privacy": {"epsilon": 1.2345}}, 2)

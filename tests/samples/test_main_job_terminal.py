@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from samples import _job_startup
+from main_job import stderr_captured
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +66,7 @@ async def test_by_default_no_tensorflow_start_up_lines_and_with_verbose_debug_lo
 
 async def test_the_job_imports_tensorflow_without_matplotlib_or_scikit_learn() -> None:
     code = (
-        "import sys; from samples._job_startup import KERAS_INTEGRATIONS, import_tensorflow; "
+        "import sys; from main_job import KERAS_INTEGRATIONS, import_tensorflow; "
         "import_tensorflow(without=KERAS_INTEGRATIONS); import keras; keras.layers.Dense(2); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'sklearn', "
         "'tensorflow'})); import matplotlib; print('matplotlib importable afterwards')"
@@ -76,27 +76,21 @@ async def test_the_job_imports_tensorflow_without_matplotlib_or_scikit_learn() -
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(SAMPLES.parent)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(SAMPLES), str(SAMPLES.parent)])},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["['tensorflow']", "matplotlib importable afterwards"]
 
 
-async def test_a_failed_import_shows_what_it_printed(monkeypatch, capfd) -> None:
-    def failing() -> None:
+async def test_what_a_failing_block_wrote_to_descriptor_2_is_shown(capfd) -> None:
+    with pytest.raises(ImportError, match="no tensorflow"), stderr_captured():
         os.write(2, b"the C++ side said why\n")
         raise ImportError("no tensorflow")
-
-    monkeypatch.setattr(_job_startup, "_import", failing)
-    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
-    with pytest.raises(ImportError, match="no tensorflow"):
-        _job_startup.import_tensorflow()
     assert "the C++ side said why" in capfd.readouterr().err
 
 
-async def test_a_quiet_import_hides_what_it_printed(monkeypatch, capfd) -> None:
-    monkeypatch.setattr(_job_startup, "_import", lambda: os.write(2, b"start-up noise\n"))
-    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
-    _job_startup.import_tensorflow()
+async def test_what_a_block_wrote_to_descriptor_2_is_hidden_when_it_succeeds(capfd) -> None:
+    with stderr_captured():
+        os.write(2, b"start-up noise\n")
     os.write(2, b"after\n")
     assert capfd.readouterr().err == "after\n"

@@ -13,7 +13,7 @@ import pytest
 
 from managers.structure import flatten
 from programlogic.testing.contracts import Capabilities, ReleaseManagerContract, ReleaseSubject
-from samples.sqlite_release import SQLiteReleaseManager
+from sqlite_release import SQLiteReleaseManager
 
 
 def _nest(leaves: dict[str, Any]) -> Any:

@@ -36,7 +36,7 @@ def printed_best(stdout: str) -> tuple[int, str, dict[str, str], pathlib.Path]:
 
 
 async def test_a_small_study_prints_its_best_trial_saves_plots_and_resumes(tmp_path, capsys):
-    from samples import tune as sample
+    import tune as sample
 
     root = tmp_path / "tune"
     flags = ["--trials", "3", "--concurrency", "2", "--rounds", "2", "--root", str(root)]
