@@ -56,7 +56,7 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
         trained = [data for kind, data in streamed if kind == "metrics"]
         assert all("client_work/train/loss" in data["metrics"] for data in trained)
         held_out = [data["round"] for kind, data in streamed if kind == "evaluation"]
-        assert held_out == [1, 2, 3]
+        assert held_out == [0, 1, 2, 3]  # the initial model is evaluated too
         assert streamed[-1][0] == "end" and streamed[-1][1]["status"] == "finished"
 
         await wait_for_round(service, doomed["id"], 2)
