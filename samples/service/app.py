@@ -136,8 +136,10 @@ def _json(content: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(content), status_code, media_type="application/json")
 
 
-def _error(status_code: int, message: str) -> Response:
-    return _json({"error": message}, status_code)
+def _error(status_code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    response = _json({"error": message}, status_code)
+    response.headers.update(headers or {})
+    return response
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -150,12 +152,7 @@ async def _not_found(request: Request, error: Exception) -> Response:
 
 
 def _unauthorized(connection: HTTPConnection, error: Exception) -> Response:
-    return Response(
-        orjson.dumps({"error": "missing or wrong bearer token"}),
-        401,
-        {"WWW-Authenticate": "Bearer"},
-        media_type="application/json",
-    )
+    return _error(401, str(error), {"WWW-Authenticate": "Bearer"})
 
 
 class BearerToken(AuthenticationBackend):
@@ -230,12 +227,7 @@ async def start_run(request: Request) -> Response:
     except RunConflictError as error:
         return _error(409, str(error))
     except TooManyRunsError as error:
-        return Response(
-            orjson.dumps({"error": str(error)}),
-            429,
-            {"Retry-After": str(error.retry_after)},
-            media_type="application/json",
-        )
+        return _error(429, str(error), {"Retry-After": str(error.retry_after)})
     return _json(run.summary(registry.data_dir), 201)
 
 
