@@ -43,13 +43,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from samples.service.live_metrics import stream_points
-from samples.service.runs import (
-    RegistryFailedError,
-    RunConflictError,
-    RunNotFoundError,
-    RunRegistry,
-    TooManyRunsError,
-)
+from samples.service.runs import Refused, RunRegistry
 from samples.service.training import RunConfig
 
 __all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "check_token", "create_app"]
@@ -127,7 +121,7 @@ def create_app(
             Route("/runs/{run_id}/models/{name}", model_file),
         ],
         middleware=middleware,
-        exception_handlers={HTTPException: _http_error, RunNotFoundError: _not_found},
+        exception_handlers={HTTPException: _http_error, Refused: _refused},
         lifespan=lifespan,
     )
 
@@ -147,8 +141,9 @@ async def _http_error(request: Request, error: Exception) -> Response:
     return _error(error.status_code, error.detail)
 
 
-async def _not_found(request: Request, error: Exception) -> Response:
-    return _error(404, str(error))
+async def _refused(request: Request, error: Exception) -> Response:
+    assert isinstance(error, Refused)
+    return _error(error.status, str(error), error.headers)
 
 
 def _unauthorized(connection: HTTPConnection, error: Exception) -> Response:
@@ -185,30 +180,27 @@ async def list_runs(request: Request) -> Response:
     return _json({"runs": [run.summary(registry.data_dir) for run in registry.runs]})
 
 
-async def _body(request: Request) -> bytes | Response:
-    """The request's body, or the answer refusing it: not declared JSON, or too large."""
+async def _body(request: Request) -> bytes:
+    """The request's body; refused with 415 if not declared JSON, 413 if too large."""
     declared = request.headers.get("content-type", "")
     if declared.partition(";")[0].strip().lower() != "application/json":
         got = repr(declared) if declared else "none"
-        return _error(415, f"Content-Type must be application/json, got {got}")
+        raise Refused(415, f"Content-Type must be application/json, got {got}")
     limit = request.app.state.max_body_bytes
-    too_large = _error(413, f"the request body is over {limit} bytes")
+    too_large = Refused(413, f"the request body is over {limit} bytes")
     if int(request.headers.get("content-length", "0") or "0") > limit:
-        return too_large
+        raise too_large
     body = b""
     async for chunk in request.stream():  # without Content-Length, what arrives counts
         body += chunk
         if len(body) > limit:
-            return too_large
+            raise too_large
     return body
 
 
 async def start_run(request: Request) -> Response:
-    body = await _body(request)
-    if isinstance(body, Response):
-        return body
     try:
-        config = orjson.loads(body)
+        config = orjson.loads(await _body(request))
     except orjson.JSONDecodeError as error:
         return _error(400, f"the request body is not valid JSON: {error}")
     if not isinstance(config, dict):
@@ -218,16 +210,7 @@ async def start_run(request: Request) -> Response:
     except ValidationError as error:
         return _error(422, _one_line(error))
     registry = _registry(request)
-    try:
-        run = await registry.create(config)
-    except ValueError as error:
-        return _error(422, f"directory: {error}")
-    except RegistryFailedError as error:
-        return _error(503, str(error))
-    except RunConflictError as error:
-        return _error(409, str(error))
-    except TooManyRunsError as error:
-        return _error(429, str(error), {"Retry-After": str(error.retry_after)})
+    run = await registry.create(config)
     return _json(run.summary(registry.data_dir), 201)
 
 
@@ -238,12 +221,7 @@ async def get_run(request: Request) -> Response:
 
 async def cancel_run(request: Request) -> Response:
     registry = _registry(request)
-    try:
-        run = await registry.cancel(request.path_params["run_id"])
-    except RegistryFailedError as error:
-        return _error(503, str(error))
-    except RunConflictError as error:
-        return _error(409, str(error))
+    run = await registry.cancel(request.path_params["run_id"])
     return _json(run.summary(registry.data_dir))
 
 

@@ -11,7 +11,7 @@ last checkpoint, wherever ``runs.json`` says it lives (runs started before ``run
 existed stay where they are).
 
 Admission: a run holds a TensorFlow model and a thread, so past ``max_running`` active
-runs a new one is refused (``TooManyRunsError``, answered 429), never queued; runs
+runs a new one is refused (429, with ``Retry-After``), never queued; runs
 resumed at a start are all admitted, and beyond the cap they wait for a training slot.
 The registry's own file work and model builds each have a thread of their own, apart
 from anyio's default ones that checkpoints share: a request never waits behind a build.
@@ -41,12 +41,9 @@ from samples.service.training import RECORDED, RunConfig, load_training, train
 __all__ = [
     "DamagedIndexError",
     "DataDirectoryLockedError",
-    "RegistryFailedError",
+    "Refused",
     "Run",
-    "RunConflictError",
-    "RunNotFoundError",
     "RunRegistry",
-    "TooManyRunsError",
     "check_unlocked",
     "read_index",
 ]
@@ -81,27 +78,18 @@ class DamagedIndexError(ValueError):
         )
 
 
-class RunNotFoundError(LookupError):
-    """No run has the id asked for."""
+class Refused(Exception):
+    """A request the registry refuses; ``status`` is the HTTP status that answers it.
 
+    404: no run has the id; 409: the run or its directory conflicts; 422: the directory
+    is outside ``runs/`` or too long; 429 (``headers`` hold ``Retry-After``): as many
+    runs train as may; 503: the registry failed (it could not write ``runs.json``),
+    and starts and cancels nothing.
+    """
 
-class RunConflictError(Exception):
-    """The request conflicts with a run's state or directory."""
-
-
-class RegistryFailedError(RunConflictError):
-    """The registry failed (it could not write ``runs.json``): it starts and cancels nothing."""
-
-
-class TooManyRunsError(Exception):
-    """The service trains as many runs as it may; try again after ``retry_after`` seconds."""
-
-    def __init__(self, max_running: int) -> None:
-        super().__init__(
-            f"the service already trains {max_running} runs, its most (--max-running); "
-            "cancel one or retry later"
-        )
-        self.retry_after = RETRY_AFTER_S
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
 
 
 @dataclasses.dataclass(eq=False)
@@ -168,7 +156,7 @@ class Run:
 class RunRegistry:
     """The runs of one data directory; their training tasks belong to ``open``'s task group.
 
-    At most ``max_running`` runs train at once (``create`` raises ``TooManyRunsError``).
+    At most ``max_running`` runs train at once (``create`` refuses more with 429).
     """
 
     def __init__(self, data_dir: Path, max_running: int = 4) -> None:
@@ -191,11 +179,11 @@ class RunRegistry:
         return list(self._runs.values())
 
     def get(self, run_id: str) -> Run:
-        """The run with id ``run_id``; ``RunNotFoundError`` if there is none."""
+        """The run with id ``run_id``; refused with 404 if there is none."""
         try:
             return self._runs[run_id]
         except KeyError:
-            raise RunNotFoundError(f"no run has the id {run_id!r}") from None
+            raise Refused(404, f"no run has the id {run_id!r}") from None
 
     async def _thread(self, function: Any, *arguments: Any) -> Any:
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self._io)
@@ -255,45 +243,54 @@ class RunRegistry:
 
     def _check_writable(self) -> None:
         if self.failure is not None:
-            raise RegistryFailedError(
+            raise Refused(
+                503,
                 f"the service cannot record its runs ({self.failure}): restart it once "
-                "that is fixed"
+                "that is fixed",
             )
 
     def _admit(self) -> None:
         if sum(not run.done.is_set() for run in self._runs.values()) >= self.max_running:
-            raise TooManyRunsError(self.max_running)
+            raise Refused(
+                429,
+                f"the service already trains {self.max_running} runs, its most "
+                "(--max-running); cancel one or retry later",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
 
     async def create(self, config: RunConfig) -> Run:
         """A new run of ``config``, started in the background.
 
-        Raises:
-            ValueError: ``config.directory`` is outside ``runs/``, or too long for the system.
-            RunConflictError: another run uses the directory, or it exists already.
-            RegistryFailedError: the registry failed; it starts nothing.
-            TooManyRunsError: ``max_running`` runs are active.
+        Refused: 422 (``config.directory`` is outside ``runs/`` or too long for the
+        system), 409 (another run uses the directory, or it exists already), 503 (the
+        registry failed), 429 (``max_running`` runs are active).
         """
         if self._task_group is None:
             raise RuntimeError("the registry is not open")
         self._check_writable()
         self._admit()  # refused early: no disk work for a 429
         run_id = secrets.token_hex(6)
-        directory = await self._thread(confine, self.data_dir / RUNS, config.directory or run_id)
+        try:
+            directory = await self._thread(
+                confine, self.data_dir / RUNS, config.directory or run_id
+            )
+        except ValueError as error:
+            raise Refused(422, f"directory: {error}") from None
         for other in self._runs.values():
             if directory.is_relative_to(other.directory) or other.directory.is_relative_to(
                 directory
             ):
-                raise RunConflictError(
-                    f"directory {config.directory!r} overlaps the directory of run {other.id}"
+                raise Refused(
+                    409, f"directory {config.directory!r} overlaps the directory of run {other.id}"
                 )
         if await self._thread(directory.exists):
-            raise RunConflictError(f"directory {config.directory!r} exists already")
+            raise Refused(409, f"directory {config.directory!r} exists already")
         self._admit()  # no await from here to the insertion: concurrent requests see it
         run = Run(run_id, config, directory, RUNNING, started=time.time())
         self._runs[run_id] = run
         try:
             await self._write_index()
-        except RegistryFailedError:
+        except Refused:
             del self._runs[run_id]
             raise
         self._task_group.start_soon(self._supervise, run)
@@ -303,18 +300,16 @@ class RunRegistry:
     async def cancel(self, run_id: str) -> Run:
         """Cancel a running run and wait until it stopped; its checkpoints stay loadable.
 
-        Raises:
-            RunNotFoundError: no run has the id.
-            RunConflictError: the run has ended already.
-            RegistryFailedError: the registry failed; the run goes on.
+        Refused: 404 (no run has the id), 409 (the run has ended already), 503 (the
+        registry failed; the run goes on).
         """
         run = self.get(run_id)
         if run.status != RUNNING:
-            raise RunConflictError(f"run {run_id} is {run.status}, not running")
+            raise Refused(409, f"run {run_id} is {run.status}, not running")
         run.status, run.ended = CANCELLED, time.time()
         try:
             await self._write_index()
-        except RegistryFailedError:
+        except Refused:
             run.status, run.ended = RUNNING, None
             raise
         if run.cancel_scope is not None:
@@ -343,7 +338,7 @@ class RunRegistry:
                 run.ended = time.time()
                 run.models = (await self._thread(_history, run.directory))[2]
                 await self._write_index()
-        except RegistryFailedError:
+        except Refused:
             pass  # kept and logged where the write failed
         except Exception as error:
             self._fail(f"run {run.id}: {type(error).__name__}: {error}")
@@ -353,7 +348,7 @@ class RunRegistry:
         logger.error("the run registry failed: %s", failure)
 
     async def _write_index(self) -> None:
-        """Rewrite ``runs.json``; ``RegistryFailedError`` (the registry failed) if it cannot."""
+        """Rewrite ``runs.json``; refused with 503 (the registry failed) if it cannot."""
         async with self._index_lock:
             self._check_writable()
             records = [run.record(self.data_dir) for run in self._runs.values()]
