@@ -97,7 +97,8 @@ class Run:
     """One training run: its configuration, where it lives, and how far it got.
 
     ``started`` and ``ended`` are Unix times (None for runs recorded without them);
-    ``pace`` is this process's first (time, round) of the run, for the estimate of the rest.
+    ``pace`` is the (time, round) at which this process first showed the running run: the
+    estimate of the rest assumes the pace since then.
     """
 
     id: str
@@ -119,8 +120,10 @@ class Run:
         latest, held_out = self.live.latest(), self.live.latest(EVALUATION)
         round_num = latest["round"] if latest else 0
         now = time.time()
-        if self.pace is None or self.status != RUNNING:
-            self.pace = None if self.status != RUNNING else (now, round_num)
+        if self.status != RUNNING:
+            self.pace = None
+        elif self.pace is None:
+            self.pace = (now, round_num)
         since, first = self.pace or (now, round_num)
         done = round_num - first
         return {
