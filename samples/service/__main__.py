@@ -32,24 +32,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports Te
 
 import uvicorn
 
-from samples.service.app import LOOPBACK_HOSTS, create_app
-from samples.service.config import check_token
-from samples.service.lock import DataDirectoryLockedError, check_unlocked
-from samples.service.runs import DamagedIndexError, read_index
+from samples.service.app import LOOPBACK_HOSTS, check_token, create_app
+from samples.service.runs import (
+    DamagedIndexError,
+    DataDirectoryLockedError,
+    check_unlocked,
+    read_index,
+)
+from samples.service.training import load_training
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
 
 logger = logging.getLogger("samples.service")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (localhost, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def prepare_process() -> None:
@@ -62,8 +56,6 @@ def prepare_process() -> None:
     (not 10) collections of the middle generation, while tracing makes many
     long-lived objects.
     """
-    from samples.service.training import load_training
-
     load_training()
     gc.freeze()
     young, middle, _ = gc.get_threshold()
@@ -72,33 +64,15 @@ def prepare_process() -> None:
 
 def allowed_hosts(host: str, extra: list[str]) -> list[str]:
     """The names a service listening on ``host`` answers to: its address and ``extra``."""
-    if is_loopback(host):
-        return [*LOOPBACK_HOSTS, *extra]
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return [host, *extra]
+        return [*LOOPBACK_HOSTS, *extra] if host == "localhost" else [host, *extra]
+    if address.is_loopback:
+        return [*LOOPBACK_HOSTS, *extra]
     if address.is_unspecified:  # every address: no name of its own
         return list(extra)
     return [f"[{host}]" if address.version == 6 else host, *extra]
-
-
-def _stop_after(grace: float, sig: int) -> None:
-    """End the process ``grace`` seconds from now, if it has not ended by then."""
-
-    def stop() -> None:
-        logger.warning(
-            "still stopping %.1f s after signal %d: work that cannot be interrupted is left; "
-            "ending the process (its runs resume from their last checkpoints)",
-            grace,
-            sig,
-        )
-        logging.shutdown()
-        os._exit(128 + sig)
-
-    timer = threading.Timer(grace, stop)
-    timer.daemon = True
-    timer.start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,14 +91,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     arguments = parser.parse_args(argv)
     token = os.environ.get(TOKEN_VARIABLE) or None
-    if token is None and not is_loopback(arguments.host):
-        parser.error(f"listening on {arguments.host} needs a token in ${TOKEN_VARIABLE}")
-    if token is not None:
-        try:
-            check_token(token)
-        except ValueError as error:
-            parser.error(f"${TOKEN_VARIABLE}: {error}")
     hosts = allowed_hosts(arguments.host, arguments.allowed_host)
+    if token is None and hosts[: len(LOOPBACK_HOSTS)] != list(LOOPBACK_HOSTS):
+        parser.error(f"listening on {arguments.host} needs a token in ${TOKEN_VARIABLE}")
+    try:
+        if token is not None:
+            check_token(token)
+    except ValueError as error:
+        parser.error(f"${TOKEN_VARIABLE}: {error}")
     if not hosts:
         parser.error(
             f"listening on {arguments.host} needs --allowed-host NAME: the names clients use"
@@ -161,13 +135,24 @@ class _GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, grace: float) -> None:
         super().__init__(config)
         self.grace = grace
-        self.stopping = False
+        self.timer: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
-        if not self.stopping:
-            self.stopping = True
-            _stop_after(self.grace, sig)
+        if self.timer is None:
+            self.timer = threading.Timer(self.grace, self._end, (sig,))
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _end(self, sig: int) -> None:
+        logger.warning(
+            "still stopping %.1f s after signal %d: work that cannot be interrupted is left; "
+            "ending the process (its runs resume from their last checkpoints)",
+            self.grace,
+            sig,
+        )
+        logging.shutdown()
+        os._exit(128 + sig)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,22 @@
 """The HTTP API of the training service, a Starlette application.
 
-    GET    /                    the status page (runs and a live loss curve)
-    GET    /health              {"status": "ok", "running": N}; needs no token; 503 and
-                                {"status": "failed", "error": ...} if the registry failed
-    POST   /runs                start a run from a JSON RunConfig -> 201 and the run
-    GET    /runs                every run: status, round, latest metrics
-    GET    /runs/{id}           one run
-    GET    /runs/{id}/events    its metrics as server-sent events, past ones first
-    DELETE /runs/{id}           cancel it; it stops within a round, checkpoints intact
+    GET    /                       the status page: runs, curves, settings, time left
+    GET    /health                 {"status": "ok", "running": N}; needs no token; 503 and
+                                   {"status": "failed", "error": ...} if the registry failed
+    POST   /runs                   start a run from a JSON RunConfig -> 201 and the run
+    GET    /runs                   every run: status, round, latest metrics, settings, times
+    GET    /runs/{id}              one run
+    GET    /runs/{id}/events       its metrics as server-sent events, past ones first
+    GET    /runs/{id}/models/{name}  a model file the run saved
+    DELETE /runs/{id}              cancel it; it stops within a round, checkpoints intact
 
 Errors are ``{"error": "one line"}`` with a 4xx status. With a token, every route but
-``/`` and ``/health`` needs ``Authorization: Bearer <token>``. What a web page on
-another site could make a browser send is refused: a ``Host`` header that does not name
-the service (421: DNS rebinding), a POST or DELETE from a foreign ``Origin`` (403), a
-body not declared ``application/json`` (415: such a cross-site request needs no CORS
-preflight). Beyond ``max_running`` active runs, ``POST /runs`` answers 429.
+``/`` and ``/health`` needs ``Authorization: Bearer <token>`` (Starlette's
+``AuthenticationMiddleware``). What a web page on another site could make a browser
+send is refused: a ``Host`` header that does not name the service (421: DNS
+rebinding), a POST or DELETE from a foreign ``Origin`` (403), a body not declared
+``application/json`` (415: such a cross-site request needs no CORS preflight). Bodies
+over ``max_body_bytes`` get 413; beyond ``max_running`` active runs, ``POST /runs`` 429.
 """
 
 from __future__ import annotations
@@ -31,33 +33,36 @@ import orjson
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
+from starlette.authentication import AuthenticationBackend, AuthenticationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from samples.service.admission import DEFAULT_MAX_RUNNING, Admission, TooManyRunsError
-from samples.service.config import RunConfig, check_token
 from samples.service.live_metrics import stream_points
-from samples.service.runs import (
-    RegistryFailedError,
-    RunConflictError,
-    RunNotFoundError,
-    RunRegistry,
-)
+from samples.service.runs import Refused, RunRegistry
+from samples.service.training import RunConfig
 
-__all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "check_token", "create_app"]
 
 MAX_BODY_BYTES = 16 * 1024
 """The largest request body accepted; a run's configuration is a few hundred bytes."""
-
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 """The names a service listening on loopback answers to, in ``Host`` and ``Origin``."""
 
-_OPEN_PATHS = ("/", "/health")
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+def check_token(token: str) -> None:
+    """``ValueError`` naming what is wrong (never the token) for a bearer token that is
+    short, not printable ASCII, or holds whitespace: it would not survive a header."""
+    if not token.isascii():
+        raise ValueError("token must be printable ASCII")
+    if any(character.isspace() or not character.isprintable() for character in token):
+        raise ValueError("token must not contain whitespace or control characters")
+    if len(token) < 16:
+        raise ValueError(f"token must be at least 16 characters long, got {len(token)}")
 
 
 def create_app(
@@ -65,35 +70,29 @@ def create_app(
     *,
     token: str | None = None,
     allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
-    max_running: int = DEFAULT_MAX_RUNNING,
+    max_running: int = 4,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
     """The service over ``data_dir``: its runs start, and unfinished ones resume, at startup.
 
-    ``token``: when given, requests need it as a bearer token (401 otherwise); it must
-    be 16 printable ASCII characters or more, without whitespace (``ValueError``).
-    ``allowed_hosts``: the host names (IPv6 addresses in brackets) that requests may
-    name in ``Host``, at the port the service listens on (421 otherwise); own origins
-    are ``http://`` these. ``max_running``: the most runs trained at once; beyond it
-    ``POST /runs`` answers 429.
+    ``token``: when given, requests need it as a bearer token (401 otherwise); see
+    :func:`check_token`. ``allowed_hosts``: the host names (IPv6 addresses in brackets)
+    that requests may name in ``Host``, at the port the service listens on (421
+    otherwise); own origins are ``http://`` these. ``max_running``: the most runs
+    trained at once.
     """
     if token is not None:
         check_token(token)
     if not allowed_hosts:
         raise ValueError("allowed_hosts must name at least one host")
-    admission = Admission(max_running)
-    data_dir = Path(data_dir)
     page = resources.files("samples.service").joinpath("page.html").read_text()
-
-    async def status_page(request: Request) -> Response:
-        return HTMLResponse(page)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        registry = RunRegistry(data_dir, admission)
+        registry = RunRegistry(Path(data_dir), max_running)
         async with anyio.create_task_group() as task_group:
             await registry.open(task_group)
-            app.state.registry = registry
+            app.state.registry, app.state.max_body_bytes = registry, max_body_bytes
             try:
                 yield
             finally:
@@ -101,7 +100,16 @@ def create_app(
                 # resumes them from their last checkpoint.
                 task_group.cancel_scope.cancel()
 
-    app = Starlette(
+    middleware = [Middleware(SameSite, hosts=frozenset(host.lower() for host in allowed_hosts))]
+    if token is not None:
+        middleware.append(
+            Middleware(AuthenticationMiddleware, backend=BearerToken(token), on_error=_unauthorized)
+        )
+
+    async def status_page(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    return Starlette(
         routes=[
             Route("/", status_page),
             Route("/health", health),
@@ -110,30 +118,22 @@ def create_app(
             Route("/runs/{run_id}", get_run, methods=["GET"]),
             Route("/runs/{run_id}", cancel_run, methods=["DELETE"]),
             Route("/runs/{run_id}/events", run_events),
+            Route("/runs/{run_id}/models/{name}", model_file),
         ],
-        exception_handlers={HTTPException: _http_error},
+        middleware=middleware,
+        exception_handlers={HTTPException: _http_error, Refused: _refused},
         lifespan=lifespan,
     )
-    # The last added runs first: Host, then Origin, then the token, the size, the type.
-    app.add_middleware(JSONBody)
-    app.add_middleware(BearerToken, token=token)
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
-    hosts = frozenset(host.lower() for host in allowed_hosts)
-    app.add_middleware(SameOrigin, hosts=hosts)
-    app.add_middleware(AllowedHosts, hosts=hosts)
-    return app
-
-
-def _registry(request: Request) -> RunRegistry:
-    return request.app.state.registry
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(content), status_code, media_type="application/json")
 
 
-def _error(status_code: int, message: str) -> Response:
-    return _json({"error": message}, status_code)
+def _error(status_code: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    response = _json({"error": message}, status_code)
+    response.headers.update(headers or {})
+    return response
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -141,12 +141,38 @@ async def _http_error(request: Request, error: Exception) -> Response:
     return _error(error.status_code, error.detail)
 
 
+async def _refused(request: Request, error: Exception) -> Response:
+    assert isinstance(error, Refused)
+    return _error(error.status, str(error), error.headers)
+
+
+def _unauthorized(connection: HTTPConnection, error: Exception) -> Response:
+    return _error(401, str(error), {"WWW-Authenticate": "Bearer"})
+
+
+class BearerToken(AuthenticationBackend):
+    """Asks every request but those of ``/`` and ``/health`` for ``Bearer <token>``."""
+
+    def __init__(self, token: str) -> None:
+        self.expected = f"Bearer {token}".encode()
+
+    async def authenticate(self, connection: HTTPConnection) -> None:
+        given = connection.headers.get("authorization", "").encode("latin-1")
+        if connection.url.path not in ("/", "/health") and not secrets.compare_digest(
+            given, self.expected
+        ):
+            raise AuthenticationError("missing or wrong bearer token")
+
+
+def _registry(request: Request) -> RunRegistry:
+    return request.app.state.registry
+
+
 async def health(request: Request) -> Response:
     registry = _registry(request)
     if registry.failure is not None:
         return _json({"status": "failed", "error": registry.failure}, 503)
-    running = sum(run.status == "running" for run in registry.runs)
-    return _json({"status": "ok", "running": running})
+    return _json({"status": "ok", "running": sum(run.status == "running" for run in registry.runs)})
 
 
 async def list_runs(request: Request) -> Response:
@@ -154,251 +180,128 @@ async def list_runs(request: Request) -> Response:
     return _json({"runs": [run.summary(registry.data_dir) for run in registry.runs]})
 
 
+async def _body(request: Request) -> bytes:
+    """The request's body; refused with 415 if not declared JSON, 413 if too large."""
+    declared = request.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != "application/json":
+        got = repr(declared) if declared else "none"
+        raise Refused(415, f"Content-Type must be application/json, got {got}")
+    limit = request.app.state.max_body_bytes
+    too_large = Refused(413, f"the request body is over {limit} bytes")
+    if int(request.headers.get("content-length", "0") or "0") > limit:
+        raise too_large
+    body = b""
+    async for chunk in request.stream():  # without Content-Length, what arrives counts
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return body
+
+
 async def start_run(request: Request) -> Response:
     try:
-        body = orjson.loads(await request.body())
+        config = orjson.loads(await _body(request))
     except orjson.JSONDecodeError as error:
         return _error(400, f"the request body is not valid JSON: {error}")
-    if not isinstance(body, dict):
-        return _error(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    if not isinstance(config, dict):
+        return _error(400, f"the request body must be a JSON object, got {type(config).__name__}")
     try:
-        config = RunConfig.model_validate(body)
+        config = RunConfig.model_validate(config)
     except ValidationError as error:
         return _error(422, _one_line(error))
     registry = _registry(request)
-    try:
-        run = await registry.create(config)
-    except ValueError as error:
-        return _error(422, f"directory: {error}")
-    except RegistryFailedError as error:
-        return _error(503, str(error))
-    except RunConflictError as error:
-        return _error(409, str(error))
-    except TooManyRunsError as error:
-        response = _error(429, str(error))
-        response.headers["Retry-After"] = str(error.retry_after)
-        return response
+    run = await registry.create(config)
     return _json(run.summary(registry.data_dir), 201)
 
 
 async def get_run(request: Request) -> Response:
     registry = _registry(request)
-    try:
-        run = registry.get(request.path_params["run_id"])
-    except RunNotFoundError as error:
-        return _error(404, str(error))
-    return _json(run.summary(registry.data_dir))
+    return _json(registry.get(request.path_params["run_id"]).summary(registry.data_dir))
 
 
 async def cancel_run(request: Request) -> Response:
     registry = _registry(request)
-    try:
-        run = await registry.cancel(request.path_params["run_id"])
-    except RunNotFoundError as error:
-        return _error(404, str(error))
-    except RegistryFailedError as error:
-        return _error(503, str(error))
-    except RunConflictError as error:
-        return _error(409, str(error))
+    run = await registry.cancel(request.path_params["run_id"])
     return _json(run.summary(registry.data_dir))
 
 
 async def run_events(request: Request) -> Response:
-    """``metrics`` events (a point each) while the run trains, then one ``end`` event."""
+    """``metrics`` and ``evaluation`` events (a point each) while the run trains, then
+    one ``end`` event."""
     registry = _registry(request)
-    try:
-        run = registry.get(request.path_params["run_id"])
-    except RunNotFoundError as error:
-        return _error(404, str(error))
+    run = registry.get(request.path_params["run_id"])
 
     async def events() -> AsyncIterator[dict[str, str]]:
-        async for point in stream_points(run.live):
-            yield {"event": "metrics", "data": orjson.dumps(point).decode()}
-        await run.ended.wait()
+        async for kind, point in stream_points(run.live):
+            yield {"event": kind, "data": orjson.dumps(point).decode()}
+        await run.done.wait()
         yield {"event": "end", "data": orjson.dumps(run.summary(registry.data_dir)).decode()}
 
     return EventSourceResponse(events(), ping=15)
 
 
+async def model_file(request: Request) -> Response:
+    """A model the run saved: only names listed in its ``models`` (none holds a ``/``)."""
+    run = _registry(request).get(request.path_params["run_id"])
+    name = request.path_params["name"]
+    if name not in run.models:
+        return _error(404, f"run {run.id} has no model {name!r}")
+    return FileResponse(run.directory / "models" / name, filename=name)
+
+
 def _one_line(error: ValidationError) -> str:
     """Pydantic's errors as ``field: message`` pairs on one line."""
-    parts = []
-    for detail in error.errors(include_url=False):
-        field = ".".join(str(part) for part in detail["loc"]) or "body"
-        parts.append(f"{field}: {detail['msg']}")
-    return "; ".join(parts)
+    return "; ".join(
+        f"{'.'.join(str(part) for part in detail['loc']) or 'body'}: {detail['msg']}"
+        for detail in error.errors(include_url=False)
+    )
 
 
-class BearerToken:
-    """Refuses requests without ``Authorization: Bearer <token>`` (401), if a token is set."""
+class SameSite:
+    """Refuses what a page of another site could send: a ``Host`` naming no host of the
+    service (421, naming it), and a request that changes runs (not GET, HEAD, OPTIONS)
+    from a foreign ``Origin`` (403). Requests without ``Origin`` (not from a browser) pass.
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
-        self.app = app
-        self.expected = None if token is None else f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.expected is None
-            or scope["type"] != "http"
-            or scope["path"] in _OPEN_PATHS
-            or secrets.compare_digest(_header(scope, b"authorization"), self.expected)
-        ):
-            await self.app(scope, receive, send)
-            return
-        response = _error(401, "missing or wrong bearer token")
-        response.headers["WWW-Authenticate"] = "Bearer"
-        await response(scope, receive, send)
-
-
-class AllowedHosts:
-    """Refuses requests whose ``Host`` header names no host of the service (421).
-
-    A page on another site that rebinds its own name to this machine's address
-    (DNS rebinding) reaches the service in the browser's eyes same-origin, but its
-    requests carry that site's name in ``Host``.
+    Written here, not taken from Starlette: its ``TrustedHostMiddleware`` answers a bare
+    400 and ignores the port, and none of its middlewares refuses by ``Origin``. A page
+    that rebinds its own name to this machine (DNS rebinding) is same-origin in the
+    browser's eyes, but its requests carry that name in ``Host``.
     """
 
     def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
-        self.app = app
-        self.hosts = hosts
+        self.app, self.hosts = app, hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        host = _header(scope, b"host").decode("latin-1")
-        if _names_service(host, self.hosts, scope):
-            await self.app(scope, receive, send)
-            return
-        message = (
-            f"the Host header {host!r} does not name this service" if host else "no Host header"
-        )
-        await _error(421, message)(scope, receive, send)
+        if scope["type"] == "http":
+            headers = {key: value.decode("latin-1") for key, value in scope["headers"]}
+            host, origin = headers.get(b"host", ""), headers.get(b"origin", "")
+            scheme, separator, authority = origin.partition("://")
+            if not self._names_service(host, scope):
+                message = f"the Host header {host!r} does not name this service"
+                await _error(421, message if host else "no Host header")(scope, receive, send)
+                return
+            if scope["method"] not in ("GET", "HEAD", "OPTIONS") and not (
+                not origin
+                or (
+                    separator
+                    and scheme.lower() == scope.get("scheme", "http")
+                    and self._names_service(authority, scope)
+                )
+            ):
+                message = f"requests from the origin {origin!r} may not change runs"
+                await _error(403, message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
-
-class SameOrigin:
-    """Refuses requests that change runs (not GET, HEAD, OPTIONS) from a foreign ``Origin`` (403).
-
-    Own origins are ``http://`` followed by an allowed host at the service's port.
-    Requests without ``Origin`` (not from a browser) pass.
-    """
-
-    def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
-        self.app = app
-        self.hosts = hosts
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in _SAFE_METHODS:
-            await self.app(scope, receive, send)
-            return
-        origin = _header(scope, b"origin").decode("latin-1")
-        scheme, separator, authority = origin.partition("://")
-        if not origin or (
-            separator
-            and scheme.lower() == scope.get("scheme", "http")
-            and _names_service(authority, self.hosts, scope)
-        ):
-            await self.app(scope, receive, send)
-            return
-        message = f"requests from the origin {origin!r} may not change runs"
-        await _error(403, message)(scope, receive, send)
-
-
-class JSONBody:
-    """Refuses request bodies not declared ``Content-Type: application/json`` (415).
-
-    A cross-site form or ``text/plain`` request is sent by browsers without asking the
-    service first (no CORS preflight); one declared JSON is not.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not (
-            scope["method"] in _BODY_METHODS
-            or _header(scope, b"content-length") not in (b"", b"0")
-            or _header(scope, b"transfer-encoding")
-        ):
-            await self.app(scope, receive, send)
-            return
-        declared = _header(scope, b"content-type").decode("latin-1")
-        if declared.partition(";")[0].strip().lower() == "application/json":
-            await self.app(scope, receive, send)
-            return
-        got = repr(declared) if declared else "none"
-        await _error(415, f"Content-Type must be application/json, got {got}")(scope, receive, send)
-
-
-class BodySizeLimit:
-    """Refuses request bodies over ``max_bytes`` (413), declared or streamed."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        too_large = _error(413, f"the request body is over {self.max_bytes} bytes")
-        declared = _header(scope, b"content-length")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await too_large(scope, receive, send)
-            return
-        received = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _BodyTooLarge
-            return message
-
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, watched_send)
-        except _BodyTooLarge:
-            if started:
-                raise
-            await too_large(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-def _names_service(authority: str, hosts: Collection[str], scope: Scope) -> bool:
-    """Whether ``authority`` (``name[:port]``) is an allowed host at the listening port.
-
-    Without a port it means port 80. When the server does not say its port (a Unix
-    socket, which browsers cannot reach), any port is taken.
-    """
-    if authority.startswith("["):
-        end = authority.find("]") + 1
-        if end == 0:
+    def _names_service(self, authority: str, scope: Scope) -> bool:
+        """Whether ``authority`` (``name[:port]``, port 80 if none) is an allowed host at
+        the listening port (any port where the server says none: a Unix socket)."""
+        if authority.rfind(":") > authority.rfind("]"):
+            name, _, port = authority.rpartition(":")
+        else:
+            name, port = authority, "80"
+        if not port.isdigit():
             return False
-        name, rest = authority[:end], authority[end:]
-    else:
-        name, colon, port_text = authority.partition(":")
-        rest = colon + port_text
-    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
-        return False
-    port = int(rest[1:]) if rest else 80
-    server = scope.get("server")
-    listening = server[1] if server and server[1] is not None else port
-    return name.lower() in hosts and port == listening
-
-
-def _header(scope: Scope, name: bytes) -> bytes:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value
-    return b""
+        server = scope.get("server")
+        listening = server[1] if server and server[1] is not None else int(port)
+        return name.lower() in self.hosts and int(port) == listening

@@ -7,25 +7,22 @@ is something to close), and hand an instance to ``train_model`` like any built-i
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import anyio
 import numpy as np
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.abc import ObjectSendStream
 
-from managers import ReleaseManager
-from managers.release.base import check_key
+from managers import ReleaseManager, check_key, materialize
 from managers.structure import flatten
-from managers.values import materialize
 
-__all__ = ["LiveMetricsReleaseManager", "Point"]
+__all__ = ["LISTENER_BUFFER", "LiveMetricsReleaseManager", "Point", "from_rows", "stream_points"]
 
 Point = dict[str, Any]
 """One release: ``{"round": key, "metrics": {path: number}}``."""
-
+TRAINING, EVALUATION = "metrics", "evaluation"
 LISTENER_BUFFER = 1000
 """Points a listener may fall behind by before it is dropped (it can reconnect)."""
 
@@ -33,49 +30,48 @@ LISTENER_BUFFER = 1000
 class LiveMetricsReleaseManager(ReleaseManager):
     """Keeps every released point in memory and sends each new one to every listener.
 
-    A point holds the numeric leaves of the released value by path
-    (``client_work/train/loss``); text and arrays of more than one number are left out.
-    ``listen()`` gives the points released so far and a stream of the ones to come;
-    the stream ends when the manager is closed (the run is over). A listener that falls
-    :data:`LISTENER_BUFFER` points behind is dropped rather than slowing training down.
-
-    One point per key: a key released again (a resumed run releases its checkpoint's
-    round once more, and a checkpoint cadence may replay several rounds) replaces the
-    kept point in its place and is not streamed again, so a listener gets each key once.
+    It takes training metrics; its ``evaluation`` attribute, a release manager too,
+    takes the held-out ones, each point named by its kind (``"metrics"`` or
+    ``"evaluation"``). A point holds the finite numeric leaves of the released value by
+    path (``client_work/train/loss``). One point per kind and key: a key released again
+    (a resumed run releases its checkpoint's round once more) replaces the kept point
+    and is not streamed again. A listener that falls :data:`LISTENER_BUFFER` points
+    behind is dropped rather than slowing training down; closing the manager (the run
+    is over) ends every listener's stream.
     """
 
-    def __init__(self, history: list[Point] | None = None) -> None:
-        self._points: dict[int | str, Point] = {}
-        for point in history or []:
-            self._points[point["round"]] = point
-        self._listeners: set[ObjectSendStream[Point]] = set()
+    def __init__(self, history: Iterable[Point] = (), evaluations: Iterable[Point] = ()) -> None:
+        self._points = {(TRAINING, point["round"]): point for point in history}
+        self._points |= {(EVALUATION, point["round"]): point for point in evaluations}
+        self._listeners: set[ObjectSendStream[tuple[str, Point]]] = set()
         self._closed = False
+        self.evaluation = _Evaluations(self)
 
-    @property
-    def points(self) -> list[Point]:
-        """Every point released so far (and the history it was created with)."""
-        return list(self._points.values())
+    def points(self, kind: str = TRAINING) -> list[Point]:
+        """The points of ``kind`` released so far (and the history it was created with)."""
+        return [point for (each, _), point in self._points.items() if each == kind]
 
-    @property
-    def latest(self) -> Point | None:
-        """The last point, or ``None`` before the first release."""
-        return next(reversed(self._points.values()), None)
+    def latest(self, kind: str = TRAINING) -> Point | None:
+        """The last point of ``kind``, or ``None`` before the first."""
+        return next(reversed(self.points(kind)), None)
 
     async def release(self, value: Any, key: int | str) -> None:
+        await self.publish(TRAINING, value, key)
+
+    async def publish(self, kind: str, value: Any, key: int | str) -> None:
+        """Keep ``value`` as the point of ``kind`` at ``key``, and stream it if it is new."""
         check_key(key)
         if self._closed:
             raise RuntimeError("this LiveMetricsReleaseManager is closed")
         point = {"round": key, "metrics": numbers(await materialize(value))}
-        replayed = key in self._points
-        self._points[key] = point
-        if replayed:
-            return
-        for listener in list(self._listeners):
+        replayed = (kind, key) in self._points
+        self._points[kind, key] = point
+        for listener in [] if replayed else list(self._listeners):
             try:
-                listener.send_nowait(point)
-            except anyio.WouldBlock:
+                listener.send_nowait((kind, point))
+            except anyio.WouldBlock:  # too slow: its stream ends, and it may reconnect
                 self._listeners.discard(listener)
-                listener.close()  # too slow: its stream ends, and it may reconnect
+                listener.close()
 
     async def aclose(self) -> None:
         """End every listener's stream; later releases raise ``RuntimeError``."""
@@ -84,69 +80,62 @@ class LiveMetricsReleaseManager(ReleaseManager):
             listener.close()
         self._listeners.clear()
 
-    @contextlib.contextmanager
-    def listen(self) -> Iterator[tuple[list[Point], ObjectReceiveStream[Point]]]:
-        """The points so far and a stream of the next ones, until the manager closes."""
-        send, receive = anyio.create_memory_object_stream[Point](LISTENER_BUFFER)
-        if self._closed:
-            send.close()
-        else:
-            self._listeners.add(send)
-        try:
-            with receive:
-                yield list(self._points.values()), receive
-        finally:
-            self._listeners.discard(send)
-            send.close()
+
+class _Evaluations(ReleaseManager):
+    def __init__(self, live: LiveMetricsReleaseManager) -> None:
+        self.live = live
+
+    async def release(self, value: Any, key: int | str) -> None:
+        await self.live.publish(EVALUATION, value, key)
+
+
+async def stream_points(manager: LiveMetricsReleaseManager) -> AsyncIterator[tuple[str, Point]]:
+    """``(kind, point)`` pairs of ``manager``: those so far, then each new one until it closes."""
+    send, receive = anyio.create_memory_object_stream[tuple[str, Point]](LISTENER_BUFFER)
+    past = [(kind, point) for (kind, _), point in manager._points.items()]
+    if manager._closed:
+        send.close()
+    else:
+        manager._listeners.add(send)
+    try:
+        with receive:
+            for pair in past:
+                yield pair
+            async for pair in receive:
+                yield pair
+    finally:
+        manager._listeners.discard(send)
+        send.close()
 
 
 def numbers(value: Any) -> dict[str, float]:
     """The finite numeric scalars of ``value`` by path; other leaves are left out."""
     found = {}
     for path, leaf in flatten(value):
-        if isinstance(leaf, bool) or leaf is None or isinstance(leaf, str | bytes):
-            continue
-        if isinstance(leaf, int | float):
-            number = float(leaf)
-        elif isinstance(leaf, np.ndarray | np.generic) and np.size(leaf) == 1:
-            if np.asarray(leaf).dtype.kind not in "iuf":
-                continue
+        kind = np.asarray(leaf).dtype.kind if np.size(leaf) == 1 else ""
+        if kind in ("i", "u", "f") and not isinstance(leaf, bool | str | bytes):
             number = float(np.asarray(leaf).reshape(()))
-        else:
-            continue
-        if math.isfinite(number):
-            found[path.lstrip("/") or "value"] = number
+            if math.isfinite(number):
+                found[path.lstrip("/") or "value"] = number
     return found
 
 
-async def stream_points(
-    manager: LiveMetricsReleaseManager,
-) -> AsyncIterator[Point]:
-    """The points of ``manager``: those released so far, then each new one until it closes."""
-    with manager.listen() as (past, upcoming):
-        for point in past:
-            yield point
-        async for point in upcoming:
-            yield point
-
-
-def from_rows(rows: list[Mapping[str, str]], key_column: str = "key") -> list[Point]:
+def from_rows(rows: Iterable[Mapping[str, str]], key_column: str = "key") -> list[Point]:
     """Points from the rows of a metrics CSV file (as :class:`csv.DictReader` reads them)."""
     points = []
     for row in rows:
-        try:
-            key: int | str = int(row[key_column])
-        except (KeyError, ValueError):
-            continue
-        metrics = {}
-        for column, text in row.items():
-            if column == key_column or not text:
-                continue
-            try:
-                number = float(text)
-            except ValueError:
-                continue
-            if math.isfinite(number):
-                metrics[column] = number
-        points.append({"round": key, "metrics": metrics})
+        key = row.get(key_column) or ""
+        if key.isdigit():
+            metrics = {name: _number(text) for name, text in row.items() if name != key_column}
+            points.append(
+                {"round": int(key), "metrics": {k: v for k, v in metrics.items() if v is not None}}
+            )
     return points
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        number = float(text or "nan")
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None

@@ -1,23 +1,32 @@
 """The service's training runs: started, listed, cancelled, and resumed after a restart.
 
-Every run trains federated averaging on the handwritten digits with ``train_model`` in a
-directory of its own under ``runs/`` in the data directory: ``state/`` (checkpoints) and
-``metrics.csv``. The service's own files stay beside ``runs/``: ``runs.json`` (each
-run's id, configuration, directory relative to the data directory, and status,
-rewritten atomically on every change) and ``service.lock``, locked while the registry
-is open so that a second service cannot take the directory. On a start the registry
-resumes every run whose status is still ``running``, from its last checkpoint, wherever
-``runs.json`` says it lives (runs started before ``runs/`` existed stay where they are).
+Every run trains in a directory of its own under ``runs/`` in the data directory (see
+:mod:`samples.service.training`). The service's own files stay beside ``runs/``:
+``runs.json`` (each run's id, configuration, directory relative to the data directory,
+status and times, rewritten atomically on every change) and ``service.lock``, locked
+(``fcntl.flock``, released by the system however the process ends) while the registry
+is open, so that a second service cannot take the directory and resume its runs twice.
+On a start the registry resumes every run whose status is still ``running``, from its
+last checkpoint, wherever ``runs.json`` says it lives (runs started before ``runs/``
+existed stay where they are).
+
+Admission: a run holds a TensorFlow model and a thread, so past ``max_running`` active
+runs a new one is refused (429, with ``Retry-After``), never queued; runs
+resumed at a start are all admitted, and beyond the cap they wait for a training slot.
+The registry's own file work and model builds each have a thread of their own, apart
+from anyio's default ones that checkpoints share: a request never waits behind a build.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import functools
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,28 +35,37 @@ import anyio.to_thread
 import orjson
 from anyio.abc import TaskGroup, TaskStatus
 
-from samples.service.admission import Admission
-from samples.service.config import INDEX, RECORDED, RunConfig, confine
-from samples.service.live_metrics import LiveMetricsReleaseManager, Point, from_rows
-from samples.service.lock import DataDirectoryLock
-from samples.service.training import load_training, train
+from samples.service.live_metrics import EVALUATION, LiveMetricsReleaseManager, from_rows
+from samples.service.training import RECORDED, RunConfig, load_training, train
 
 __all__ = [
-    "RUNS",
     "DamagedIndexError",
-    "RegistryFailedError",
+    "DataDirectoryLockedError",
+    "Refused",
     "Run",
-    "RunConflictError",
-    "RunNotFoundError",
     "RunRegistry",
+    "check_unlocked",
     "read_index",
 ]
 
 logger = logging.getLogger(__name__)
 
-RUNS = "runs"
-"""The directory, in the data directory, that new runs' directories are relative to."""
+INDEX, LOCK_FILE, RUNS = "runs.json", "service.lock", "runs"
 RUNNING, FINISHED, CANCELLED, FAILED = "running", "finished", "cancelled", "failed"
+RETRY_AFTER_S = 30
+"""The ``Retry-After`` of a refused run, in seconds: runs last minutes, not seconds."""
+_RUN_FILES_BYTES = 128  # room kept, under the system's longest path, for a run's files
+_RECORD_KEYS = ("id", "config", "directory", "status", "error")
+
+
+class DataDirectoryLockedError(RuntimeError):
+    """Another service holds the data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__(
+            f"{data_dir} is in use by another service (it holds {data_dir / LOCK_FILE}): "
+            "stop that one, or pick another --data-dir"
+        )
 
 
 class DamagedIndexError(ValueError):
@@ -58,46 +76,71 @@ class DamagedIndexError(ValueError):
             f"{path} is damaged ({reason}): restore it from a backup, or move it aside to "
             f"start with no runs recorded (the runs' directories stay under {RUNS}/)"
         )
-        self.path = path
 
 
-class RunNotFoundError(LookupError):
-    """No run has the id asked for."""
+class Refused(Exception):
+    """A request the registry refuses; ``status`` is the HTTP status that answers it.
 
+    404: no run has the id; 409: the run or its directory conflicts; 422: the directory
+    is outside ``runs/`` or too long; 429 (``headers`` hold ``Retry-After``): as many
+    runs train as may; 503: the registry failed (it could not write ``runs.json``),
+    and starts and cancels nothing.
+    """
 
-class RunConflictError(Exception):
-    """The request conflicts with a run's state or directory."""
-
-
-class RegistryFailedError(RunConflictError):
-    """The registry failed (it could not write ``runs.json``): it starts and cancels nothing."""
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.headers = status, headers or {}
 
 
 @dataclasses.dataclass(eq=False)
 class Run:
-    """One training run: its configuration, where it lives, and how far it got."""
+    """One training run: its configuration, where it lives, and how far it got.
+
+    ``started`` and ``ended`` are Unix times (None for runs recorded without them);
+    ``pace`` is the (time, round) at which this process first showed the running run: the
+    estimate of the rest assumes the pace since then.
+    """
 
     id: str
     config: RunConfig
     directory: Path
     status: str
     error: str | None = None
+    started: float | None = None
+    ended: float | None = None
     live: LiveMetricsReleaseManager = dataclasses.field(default_factory=LiveMetricsReleaseManager)
+    models: list[str] = dataclasses.field(default_factory=list)
     cancel_scope: anyio.CancelScope | None = None
-    ended: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    pace: tuple[float, int] | None = None
 
     def summary(self, data_dir: Path) -> dict[str, Any]:
-        """What ``GET /runs`` shows of the run."""
-        latest = self.live.latest
+        """What ``GET /runs`` shows of the run: also its settings, held-out metrics, elapsed
+        seconds, estimated seconds left (None until this process saw a round) and models."""
+        latest, held_out = self.live.latest(), self.live.latest(EVALUATION)
+        round_num = latest["round"] if latest else 0
+        now = time.time()
+        if self.status != RUNNING:
+            self.pace = None
+        elif self.pace is None:
+            self.pace = (now, round_num)
+        since, first = self.pace or (now, round_num)
+        done = round_num - first
         return {
             "id": self.id,
             "status": self.status,
-            "round": latest["round"] if latest else 0,
+            "round": round_num,
             "rounds": self.config.rounds,
             "metrics": latest["metrics"] if latest else {},
+            "evaluation": held_out["metrics"] if held_out else {},
+            "evaluated_round": held_out["round"] if held_out else None,
             # Relative to runs/ as clients name it; "../x" for a run of the old layout.
             "directory": os.path.relpath(self.directory, data_dir.resolve() / RUNS),
             "error": self.error,
+            "config": self.config.model_dump(),
+            "elapsed_s": None if self.started is None else (self.ended or now) - self.started,
+            "eta_s": (now - since) * (self.config.rounds - round_num) / done if done > 0 else None,
+            "models": [f"/runs/{self.id}/models/{name}" for name in self.models],
         }
 
     def record(self, data_dir: Path) -> dict[str, Any]:
@@ -108,28 +151,30 @@ class Run:
             "directory": str(self.directory.relative_to(data_dir.resolve())),
             "status": self.status,
             "error": self.error,
+            "started": self.started,
+            "ended": self.ended,
         }
 
 
 class RunRegistry:
     """The runs of one data directory; their training tasks belong to ``open``'s task group.
 
-    ``admission`` caps the active runs (``create`` raises ``TooManyRunsError`` at the
-    cap) and gives the registry's file work and model builds their own threads.
+    At most ``max_running`` runs train at once (``create`` refuses more with 429).
     """
 
-    def __init__(self, data_dir: Path, admission: Admission | None = None) -> None:
+    def __init__(self, data_dir: Path, max_running: int = 4) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be at least 1, got {max_running}")
         self.data_dir = data_dir
-        self.admission = admission or Admission()
+        self.max_running = max_running
+        self.failure: str | None = None
+        """Why the registry failed (a write of ``runs.json``, or its own code), if it did."""
+        self._slots = anyio.CapacityLimiter(max_running)
+        self._io = anyio.CapacityLimiter(1)  # the registry's file work
+        self._builds = anyio.CapacityLimiter(1)  # builds take an exclusive graph lock anyway
         self._runs: dict[str, Run] = {}
         self._task_group: TaskGroup | None = None
         self._index_lock = anyio.Lock()
-        self._failure: str | None = None
-
-    @property
-    def failure(self) -> str | None:
-        """Why the registry failed (a write of ``runs.json``, or its own code), if it did."""
-        return self._failure
 
     @property
     def runs(self) -> list[Run]:
@@ -137,11 +182,14 @@ class RunRegistry:
         return list(self._runs.values())
 
     def get(self, run_id: str) -> Run:
-        """The run with id ``run_id``; ``RunNotFoundError`` if there is none."""
+        """The run with id ``run_id``; refused with 404 if there is none."""
         try:
             return self._runs[run_id]
         except KeyError:
-            raise RunNotFoundError(f"no run has the id {run_id!r}") from None
+            raise Refused(404, f"no run has the id {run_id!r}") from None
+
+    async def _thread(self, function: Any, *arguments: Any) -> Any:
+        return await anyio.to_thread.run_sync(function, *arguments, limiter=self._io)
 
     async def open(self, task_group: TaskGroup) -> None:
         """Lock the data directory, load ``runs.json`` and resume the runs that had not ended.
@@ -152,41 +200,40 @@ class RunRegistry:
             DataDirectoryLockedError: another service holds the data directory.
             DamagedIndexError: ``runs.json`` cannot be read as a record of runs.
         """
-        await anyio.to_thread.run_sync(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
-        lock = await anyio.to_thread.run_sync(DataDirectoryLock.acquire, self.data_dir)
+        await self._thread(functools.partial(os.makedirs, self.data_dir, exist_ok=True))
+        lock = await self._thread(_lock, self.data_dir)
         try:
             await anyio.to_thread.run_sync(load_training)
-            records = await self._read_index()
+            records = await self._thread(read_index, self.data_dir)
         except BaseException:
-            lock.release()
+            os.close(lock)
             raise
         await task_group.start(self._hold, lock)
         for record in records:
-            directory = _recorded_directory(self.data_dir, record["directory"])
+            directory = (self.data_dir.resolve() / record["directory"]).resolve()
+            if not directory.is_relative_to(self.data_dir.resolve()):
+                raise DamagedIndexError(self.data_dir / INDEX, f"a run outside it: {directory}")
+            history, evaluations, models = await self._thread(_history, directory)
             run = Run(
                 id=record["id"],
                 config=RunConfig.model_validate(record["config"], context={RECORDED: True}),
                 directory=directory,
                 status=record["status"],
                 error=record["error"],
-                live=LiveMetricsReleaseManager(await _history(directory)),
+                started=record.get("started"),
+                ended=record.get("ended"),
+                live=LiveMetricsReleaseManager(history, evaluations),
+                models=models,
             )
             self._runs[run.id] = run
             if run.status == RUNNING:
                 logger.info("resuming run %s in %s", run.id, directory)
-                self._start(run)
+                self._task_group.start_soon(self._supervise, run)
             else:
                 await run.live.aclose()
-                run.ended.set()
+                run.done.set()
 
-    async def _read_index(self) -> list[dict[str, Any]]:
-        return await anyio.to_thread.run_sync(
-            read_index, self.data_dir, limiter=self.admission.registry_io
-        )
-
-    async def _hold(
-        self, lock: DataDirectoryLock, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def _hold(self, lock: int, *, task_status: TaskStatus[None]) -> None:
         """Run the runs in a task group of their own; once they stopped, unlock."""
         try:
             async with anyio.create_task_group() as runs:
@@ -195,140 +242,151 @@ class RunRegistry:
                 await anyio.sleep_forever()
         finally:
             self._task_group = None
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(lock.release)
-
-    def _start(self, run: Run) -> None:
-        assert self._task_group is not None
-        self._task_group.start_soon(self._supervise, run)
-
-    async def _supervise(self, run: Run) -> None:
-        """Train ``run``; a failure of the registry's own code is kept, not raised, so that
-        it cannot end the other runs, and ``/health`` reports it."""
-        try:
-            await self._train(run)
-        except RegistryFailedError:
-            pass  # kept and logged where the write failed
-        except Exception as error:
-            self._fail(f"run {run.id}: {type(error).__name__}: {error}")
-
-    def _fail(self, failure: str) -> None:
-        if self._failure is None:
-            self._failure = failure
-        logger.error("the run registry failed: %s", failure)
+            os.close(lock)  # closing the only descriptor releases the flock
 
     def _check_writable(self) -> None:
-        if self._failure is not None:
-            raise RegistryFailedError(
-                f"the service cannot record its runs ({self._failure}): restart it once "
-                "that is fixed"
+        if self.failure is not None:
+            raise Refused(
+                503,
+                f"the service cannot record its runs ({self.failure}): restart it once "
+                "that is fixed",
+            )
+
+    def _admit(self) -> None:
+        if sum(not run.done.is_set() for run in self._runs.values()) >= self.max_running:
+            raise Refused(
+                429,
+                f"the service already trains {self.max_running} runs, its most "
+                "(--max-running); cancel one or retry later",
+                {"Retry-After": str(RETRY_AFTER_S)},
             )
 
     async def create(self, config: RunConfig) -> Run:
         """A new run of ``config``, started in the background.
 
-        Raises:
-            ValueError: ``config.directory`` is outside ``runs/``, or too long for the system.
-            RunConflictError: another run uses the directory, or it exists already.
-            RegistryFailedError: the registry failed; it starts nothing.
-            TooManyRunsError: ``admission.max_running`` runs are active.
+        Refused: 422 (``config.directory`` is outside ``runs/`` or too long for the
+        system), 409 (another run uses the directory, or it exists already), 503 (the
+        registry failed), 429 (``max_running`` runs are active).
         """
         if self._task_group is None:
             raise RuntimeError("the registry is not open")
         self._check_writable()
-        self.admission.admit(self._active())  # refused early: no disk work for a 429
+        self._admit()  # refused early: no disk work for a 429
         run_id = secrets.token_hex(6)
-        directory = await anyio.to_thread.run_sync(
-            confine,
-            self.data_dir / RUNS,
-            config.directory or run_id,
-            limiter=self.admission.registry_io,
-        )
+        try:
+            directory = await self._thread(
+                confine, self.data_dir / RUNS, config.directory or run_id
+            )
+        except ValueError as error:
+            raise Refused(422, f"directory: {error}") from None
         for other in self._runs.values():
             if directory.is_relative_to(other.directory) or other.directory.is_relative_to(
                 directory
             ):
-                raise RunConflictError(
-                    f"directory {config.directory!r} overlaps the directory of run {other.id}"
+                raise Refused(
+                    409, f"directory {config.directory!r} overlaps the directory of run {other.id}"
                 )
-        if await anyio.to_thread.run_sync(directory.exists, limiter=self.admission.registry_io):
-            raise RunConflictError(f"directory {config.directory!r} exists already")
-        # No await between the count and the insertion: concurrent requests see each other.
-        self.admission.admit(self._active())
-        run = Run(id=run_id, config=config, directory=directory, status=RUNNING)
+        if await self._thread(directory.exists):
+            raise Refused(409, f"directory {config.directory!r} exists already")
+        self._admit()  # no await from here to the insertion: concurrent requests see it
+        run = Run(run_id, config, directory, RUNNING, started=time.time())
         self._runs[run_id] = run
         try:
             await self._write_index()
-        except RegistryFailedError:
+        except Refused:
             del self._runs[run_id]
             raise
-        self._start(run)
+        self._task_group.start_soon(self._supervise, run)
         logger.info("started run %s in %s", run_id, directory)
         return run
 
     async def cancel(self, run_id: str) -> Run:
         """Cancel a running run and wait until it stopped; its checkpoints stay loadable.
 
-        Raises:
-            RunNotFoundError: no run has the id.
-            RunConflictError: the run has ended already.
-            RegistryFailedError: the registry failed; the run goes on.
+        Refused: 404 (no run has the id), 409 (the run has ended already), 503 (the
+        registry failed; the run goes on).
         """
         run = self.get(run_id)
         if run.status != RUNNING:
-            raise RunConflictError(f"run {run_id} is {run.status}, not running")
-        run.status = CANCELLED
+            raise Refused(409, f"run {run_id} is {run.status}, not running")
+        run.status, run.ended = CANCELLED, time.time()
         try:
             await self._write_index()
-        except RegistryFailedError:
-            run.status = RUNNING
+        except Refused:
+            run.status, run.ended = RUNNING, None
             raise
         if run.cancel_scope is not None:
             run.cancel_scope.cancel()
-        await run.ended.wait()
+        await run.done.wait()
         return run
 
-    def _active(self) -> int:
-        """The runs whose training has not ended: training, or stopping and still holding it."""
-        return sum(not run.ended.is_set() for run in self._runs.values())
+    async def _supervise(self, run: Run) -> None:
+        """Train ``run``; a failure of the registry's own code is kept, not raised, so that
+        it cannot end the other runs, and ``/health`` reports it."""
+        try:
+            with anyio.CancelScope() as run.cancel_scope:
+                try:
+                    async with self._slots:
+                        await train(run.config, run.directory, run.live, build_limiter=self._builds)
+                except Exception as error:
+                    logger.exception("run %s failed", run.id)
+                    run.status, run.error = FAILED, f"{type(error).__name__}: {error}"
+                else:
+                    run.status = FINISHED
+                finally:
+                    await run.live.aclose()
+                    run.done.set()
+                # A cancelled run does not get here: its status stays as the canceller
+                # left it, "cancelled" after a DELETE, still "running" after a shutdown.
+                run.ended = time.time()
+                run.models = (await self._thread(_history, run.directory))[2]
+                await self._write_index()
+        except Refused:
+            pass  # kept and logged where the write failed
+        except Exception as error:
+            self._fail(f"run {run.id}: {type(error).__name__}: {error}")
 
-    async def _train(self, run: Run) -> None:
-        with anyio.CancelScope() as scope:
-            run.cancel_scope = scope
-            try:
-                async with self.admission.slots:
-                    await train(
-                        run.config, run.directory, run.live, build_limiter=self.admission.builds
-                    )
-            except Exception as error:
-                logger.exception("run %s failed", run.id)
-                run.status, run.error = FAILED, f"{type(error).__name__}: {error}"
-            else:
-                run.status = FINISHED
-            finally:
-                await run.live.aclose()
-                run.ended.set()
-            # A cancelled run does not get here: its status stays as the canceller left
-            # it, "cancelled" after a DELETE, still "running" after a shutdown.
-            await self._write_index()
+    def _fail(self, failure: str) -> None:
+        self.failure = self.failure or failure
+        logger.error("the run registry failed: %s", failure)
 
     async def _write_index(self) -> None:
-        """Rewrite ``runs.json``; ``RegistryFailedError`` (the registry failed) if it cannot."""
+        """Rewrite ``runs.json``; refused with 503 (the registry failed) if it cannot."""
         async with self._index_lock:
             self._check_writable()
             records = [run.record(self.data_dir) for run in self._runs.values()]
             payload = orjson.dumps(records, option=orjson.OPT_INDENT_2)
             try:
                 with anyio.CancelScope(shield=True):  # a shutdown must not tear the index
-                    await anyio.to_thread.run_sync(
-                        _replace, self.data_dir / INDEX, payload, limiter=self.admission.registry_io
-                    )
+                    await self._thread(_replace, self.data_dir / INDEX, payload)
             except OSError as error:
                 self._fail(f"writing {INDEX}: {type(error).__name__}: {error}")
                 self._check_writable()
 
 
-_RECORD_KEYS = ("id", "config", "directory", "status", "error")
+def _lock(data_dir: Path) -> int:
+    """A descriptor of ``service.lock`` holding its exclusive flock."""
+    descriptor = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise DataDirectoryLockedError(data_dir) from None
+    return descriptor
+
+
+def check_unlocked(data_dir: Path) -> None:
+    """``DataDirectoryLockedError`` now if a service holds ``data_dir``; creates nothing."""
+    try:
+        descriptor = os.open(data_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # no lock file: nobody holds it
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise DataDirectoryLockedError(data_dir) from None
+    finally:
+        os.close(descriptor)
 
 
 def read_index(data_dir: Path) -> list[dict[str, Any]]:
@@ -339,11 +397,9 @@ def read_index(data_dir: Path) -> list[dict[str, Any]]:
     """
     path = data_dir / INDEX
     try:
-        payload = path.read_bytes()
+        records = orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return []
-    try:
-        records = orjson.loads(payload)
     except orjson.JSONDecodeError as error:
         raise DamagedIndexError(path, f"not JSON: {error}") from None
     if not isinstance(records, list):
@@ -355,9 +411,33 @@ def read_index(data_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def confine(runs_dir: Path, directory: str) -> Path:
+    """``directory`` resolved under ``runs_dir``; ``ValueError`` if it would land elsewhere
+    (``..``, absolute, a symbolic link out, ``runs_dir`` itself) or make paths too long."""
+    root, candidate = runs_dir.resolve(), Path(directory)
+    if ".." in candidate.parts:
+        raise ValueError(f"directory must not contain '..', got {directory!r}")
+    resolved = (root / candidate).resolve()
+    if resolved == root or not resolved.is_relative_to(root):
+        raise ValueError(f"directory must be inside the runs directory, got {directory!r}")
+    existing = next(parent for parent in (resolved, *resolved.parents) if parent.exists())
+    longest = max(len(os.fsencode(part)) for part in candidate.parts)
+    if longest > (name_max := os.pathconf(existing, "PC_NAME_MAX")):
+        raise ValueError(
+            f"each part of directory must be at most {name_max} bytes (one has {longest}), "
+            f"got {directory!r}"
+        )
+    length = len(os.fsencode(resolved)) + _RUN_FILES_BYTES
+    if length > (path_max := os.pathconf(existing, "PC_PATH_MAX")):
+        raise ValueError(
+            f"directory makes paths too long ({length} bytes with the run's files, over "
+            f"{path_max}), got {directory!r}"
+        )
+    return resolved
+
+
 def _replace(path: Path, payload: bytes) -> None:
-    # The service holds the data directory's lock and writes under the index lock, so
-    # one temporary name is enough.
+    # One temporary name is enough: the service holds the lock, and writes under its own.
     temporary = path.with_name(f".{path.name}.tmp")
     with open(temporary, "wb") as file:
         file.write(payload)
@@ -371,23 +451,14 @@ def _replace(path: Path, payload: bytes) -> None:
         os.close(directory)
 
 
-def _recorded_directory(data_dir: Path, directory: str) -> Path:
-    """A run directory as ``runs.json`` records it (relative to the data directory)."""
-    root = data_dir.resolve()
-    resolved = (root / directory).resolve()
-    if not resolved.is_relative_to(root):
-        raise ValueError(f"{data_dir / INDEX} records a run directory outside it: {directory!r}")
-    return resolved
-
-
-async def _history(directory: Path) -> list[Point]:
-    """The points of a run's ``metrics.csv`` (none if it has no such file yet)."""
-
-    def read() -> list[Point]:
+def _history(directory: Path) -> tuple[list[Any], list[Any], list[str]]:
+    """A run's training and held-out points from its CSV files, and its models' names."""
+    found: list[list[Any]] = []
+    for name in ("metrics.csv", "evaluation.csv"):
         try:
-            with open(directory / "metrics.csv", newline="") as file:
-                return from_rows(list(csv.DictReader(file)))
+            with open(directory / name, newline="") as file:
+                found.append(from_rows(csv.DictReader(file)))
         except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    return await anyio.to_thread.run_sync(read)
+            found.append([])
+    models = sorted(path.name for path in directory.glob("models/*.model"))
+    return found[0], found[1], models

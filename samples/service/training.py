@@ -1,31 +1,96 @@
-"""What a run of the service does: federated averaging on the handwritten digits.
+"""What a run of the service is and does: federated averaging on the handwritten digits.
 
-``train`` trains (or resumes) one run with ``train_model`` in its directory: file state
-under ``state/``, metrics in ``metrics.csv`` and to the run's live stream, the final
-model under ``models/``. ``load_training`` loads what that needs before the service
-serves.
+A :class:`RunConfig` is what clients send in ``POST /runs``. :func:`train` trains (or
+resumes) one run with ``train_model`` under a :class:`programlogic.FileRun` in the run's
+directory (``state/``, ``metrics.csv``, ``evaluation.csv``, ``models/``), evaluating on
+the held-out writers; :func:`load_training` loads what that needs before serving.
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, NoReturn
 
 import anyio
 import anyio.to_thread
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
+from pydantic_core import PydanticCustomError
 
-from managers import (
-    CSVFileReleaseManager,
-    FileProgramStateManager,
-    GroupingReleaseManager,
-    ModelFileReleaseManager,
-)
-from programlogic import LocalContext, train_model
-from samples.service.config import RunConfig
+from programlogic import FileRun, FileRunEvaluation, LocalContext, train_model
 from samples.service.live_metrics import LiveMetricsReleaseManager
 
-__all__ = ["load_training", "train"]
+__all__ = ["MAX_NAME_BYTES", "RECORDED", "SERVICE_FILES", "RunConfig", "load_training", "train"]
+
+TRAIN_CLIENTS = 10  # writers 0-9 of the digits train; 10-13 are held out
+SERVICE_FILES = ("runs.json", "service.lock")
+"""The service's own files in its data directory; no part of a run's directory is named so."""
+MAX_NAME_BYTES = 255
+"""The longest file name most file systems take, in bytes."""
+RECORDED = "recorded"
+"""The validation context of configurations read back from ``runs.json``: their directory
+was accepted when the run started, under the rules of the time, so it is not checked again."""
+
+
+def _refuse(rule: str, directory: str) -> NoReturn:
+    # A custom error type keeps pydantic from prefixing the message with "Value error, ".
+    raise PydanticCustomError(
+        "run_directory", "{rule}, got {value}", {"rule": rule, "value": repr(directory)}
+    )
+
+
+def check_run_directory(directory: str | None, info: ValidationInfo) -> str | None:
+    """``directory`` if a run may have it: no control characters, empty or hidden parts
+    (which refuses ``.`` and ``..``), parts named after the service's files, or parts
+    over :data:`MAX_NAME_BYTES` bytes in UTF-8; a pydantic error naming it otherwise."""
+    if directory is None or (info.context or {}).get(RECORDED):
+        return directory
+    parts = directory.split("/")
+    if any(ord(character) < 32 or ord(character) == 127 for character in directory):
+        _refuse("directory must not contain control characters", directory)
+    if Path(directory).is_absolute():
+        _refuse("directory must be relative to the runs directory", directory)
+    if "" in parts:
+        _refuse("directory must not have an empty part", directory)
+    if any(part.startswith(".") for part in parts):
+        _refuse("directory must not have a hidden part (starting with '.')", directory)
+    for own in SERVICE_FILES:
+        if any(part.startswith(own) for part in parts):
+            _refuse(f"directory must not be named after the service's file {own}", directory)
+    longest = max(len(part.encode()) for part in parts)
+    if longest > MAX_NAME_BYTES:
+        _refuse(
+            f"each part of directory must be at most {MAX_NAME_BYTES} bytes in UTF-8 "
+            f"(one has {longest})",
+            directory,
+        )
+    return directory
+
+
+class RunConfig(BaseModel):
+    """Federated averaging on scikit-learn's handwritten digits, one client per writer.
+
+    Unknown fields are refused, so a typo never silently falls back to a default; values
+    are strict (``true`` is not a round count, ``"3"`` is not a number). The model is
+    evaluated on the 4 held-out writers every ``eval_every`` rounds and after the last.
+    ``directory`` is where the run keeps its files, relative to the ``runs/`` directory
+    of the service's data directory (default: the run's id).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    rounds: int = Field(ge=1, le=1_000_000)
+    clients_per_round: int = Field(default=TRAIN_CLIENTS, ge=1, le=TRAIN_CLIENTS)
+    model: Literal["softmax", "mlp", "cnn"] = "softmax"
+    client_lr: float = Field(default=0.02, gt=0, le=10)
+    server_lr: float = Field(default=1.0, gt=0, le=10)
+    epochs: int = Field(default=5, ge=1, le=100)
+    batch_size: int = Field(default=5, ge=1, le=1024)
+    eval_every: int = Field(default=1, ge=1, le=1_000_000)
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    directory: Annotated[
+        str | None, Field(min_length=1, max_length=200), AfterValidator(check_run_directory)
+    ] = None
 
 
 def load_training() -> None:
@@ -46,21 +111,24 @@ def _digits() -> Any:
     return load_digits_writers()
 
 
-def _build_process(config: RunConfig, feature_shape: tuple[int, ...], num_classes: int) -> Any:
+def _build(config: RunConfig) -> tuple[Any, Any]:
     # Runs in a worker thread: building the model and its functions is Python work.
     from programlogic.datasets import Preprocessing
-    from programlogic.learning import build_model, build_weighted_fed_avg, sgd
+    from programlogic.learning import build_fed_eval, build_model, build_weighted_fed_avg, sgd
 
-    model_fn = functools.partial(build_model, config.model, feature_shape, num_classes)
-    return build_weighted_fed_avg(
+    data = _digits()
+    model_fn = functools.partial(build_model, config.model, data.feature_shape, data.num_classes)
+    preprocess = Preprocessing(
+        epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
+    )
+    process = build_weighted_fed_avg(
         model_fn,
         sgd(config.client_lr),
         sgd(config.server_lr),
-        preprocess=Preprocessing(
-            epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
-        ),
+        preprocess=preprocess,
         seed=config.seed,
     )
+    return process, build_fed_eval(model_fn, train_process=process)
 
 
 async def train(
@@ -70,27 +138,23 @@ async def train(
     *,
     build_limiter: anyio.CapacityLimiter | None = None,
 ) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``.
-
-    The model is built on a worker thread of ``build_limiter`` (default: anyio's).
-    """
-    data = await anyio.to_thread.run_sync(_digits, limiter=build_limiter)
-    process = await anyio.to_thread.run_sync(
-        _build_process, config, data.feature_shape, data.num_classes, limiter=build_limiter
+    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``
+    (held-out ones to ``live.evaluation``). The model is built on a worker thread of
+    ``build_limiter`` (default: anyio's)."""
+    process, evaluation = await anyio.to_thread.run_sync(_build, config, limiter=build_limiter)
+    held_out = FileRunEvaluation(
+        evaluation, _digits().test, cohort_size=4, metrics_managers=[live.evaluation]
     )
     async with (
         LocalContext(max_workers=1),
-        FileProgramStateManager(directory / "state", keep_total=3) as state,
-        GroupingReleaseManager([CSVFileReleaseManager(directory / "metrics.csv"), live]) as metrics,
-        ModelFileReleaseManager(directory / "models") as models,
+        FileRun(directory, metrics_managers=[live], evaluation=held_out) as run,
     ):
         await train_model(
             train_process=process,
-            train_data_source=data.train,
+            train_data_source=_digits().train,
             train_per_round_clients=config.clients_per_round,
             train_total_rounds=config.rounds,
-            program_state_manager=state,
-            model_output_manager=models,
-            train_metrics_manager=metrics,
+            evaluation_periodicity=config.eval_every,
             seed=config.seed,
+            **run.train_model_arguments(),
         )

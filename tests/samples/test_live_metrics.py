@@ -9,8 +9,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def collect(manager: LiveMetricsReleaseManager, into: list) -> None:
-    async for point in stream_points(manager):
-        into.append(point)
+    async for kind, point in stream_points(manager):
+        into.append((kind, point))
 
 
 async def test_a_round_released_again_after_a_resume_is_streamed_once_with_its_new_value():
@@ -26,17 +26,35 @@ async def test_a_round_released_again_after_a_resume_is_streamed_once_with_its_n
         await manager.release({"loss": 0.2}, 4)
         await manager.release({"loss": 0.19}, 4)  # a later cadence replays the last rounds
         await manager.aclose()
-    assert [point["round"] for point in streamed] == [1, 2, 3, 4]
-    assert [point["round"] for point in manager.points] == [1, 2, 3, 4]
-    assert manager.points[2] == {"round": 3, "metrics": {"loss": 0.25}}
-    assert manager.latest == {"round": 4, "metrics": {"loss": 0.19}}
+    assert [point["round"] for _, point in streamed] == [1, 2, 3, 4]
+    assert [point["round"] for point in manager.points()] == [1, 2, 3, 4]
+    assert manager.points()[2] == {"round": 3, "metrics": {"loss": 0.25}}
+    assert manager.latest() == {"round": 4, "metrics": {"loss": 0.19}}
     late: list = []
     await collect(manager, late)  # a listener arriving later sees the kept values
-    assert late == manager.points
+    assert late == [("metrics", point) for point in manager.points()]
+
+
+async def test_held_out_points_stream_beside_the_training_ones_as_their_own_kind():
+    manager = LiveMetricsReleaseManager(evaluations=[{"round": 1, "metrics": {"acc": 0.5}}])
+    streamed: list = []
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(collect, manager, streamed)
+        await anyio.wait_all_tasks_blocked()
+        await manager.release({"loss": 0.3, "note": "text"}, 2)
+        await manager.evaluation.release({"acc": 0.75}, 2)
+        await manager.evaluation.release({"acc": 0.8}, 2)  # replayed: kept, not streamed
+        await manager.aclose()
+    assert streamed == [
+        ("evaluation", {"round": 1, "metrics": {"acc": 0.5}}),
+        ("metrics", {"round": 2, "metrics": {"loss": 0.3}}),
+        ("evaluation", {"round": 2, "metrics": {"acc": 0.75}}),
+    ]
+    assert manager.latest("evaluation") == {"round": 2, "metrics": {"acc": 0.8}}
 
 
 async def test_a_history_with_a_key_twice_keeps_the_last_row():
     manager = LiveMetricsReleaseManager(
         [{"round": 1, "metrics": {"loss": 2.0}}, {"round": 1, "metrics": {"loss": 1.0}}]
     )
-    assert manager.points == [{"round": 1, "metrics": {"loss": 1.0}}]
+    assert manager.points() == [{"round": 1, "metrics": {"loss": 1.0}}]

@@ -53,7 +53,10 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
 
         streamed = events((await service.get(f"/runs/{finite['id']}/events")).text)
         assert [data["round"] for kind, data in streamed if kind == "metrics"] == [1, 2, 3]
-        assert all("client_work/train/loss" in data["metrics"] for _, data in streamed[:-1])
+        trained = [data for kind, data in streamed if kind == "metrics"]
+        assert all("client_work/train/loss" in data["metrics"] for data in trained)
+        held_out = [data["round"] for kind, data in streamed if kind == "evaluation"]
+        assert held_out == [0, 1, 2, 3]  # the initial model is evaluated too
         assert streamed[-1][0] == "end" and streamed[-1][1]["status"] == "finished"
 
         await wait_for_round(service, doomed["id"], 2)
@@ -160,3 +163,25 @@ async def test_a_resumed_run_streams_each_round_once(tmp_path):
         streamed = events((await service.get(f"/runs/{run['id']}/events")).text)
     assert [data["round"] for kind, data in streamed if kind == "metrics"] == [1, 2, 3]
     assert streamed[-1][0] == "end" and streamed[-1][1]["status"] == "finished"
+
+
+async def test_a_finished_run_shows_its_settings_times_and_saved_model(tmp_path):
+    async with in_process(tmp_path) as service:
+        config = {"rounds": 2, "epochs": 1, "model": "mlp", "seed": 4}
+        run = (await service.post("/runs", json=config)).json()
+        await service.get(f"/runs/{run['id']}/events")  # ends when the run has
+        shown = (await service.get(f"/runs/{run['id']}")).json()
+        assert shown["status"] == "finished"
+        assert {key: shown["config"][key] for key in config} == config
+        assert shown["elapsed_s"] > 0 and shown["eta_s"] is None
+        assert 0 <= shown["evaluation"]["client_work/eval/current_round_metrics/loss"]
+        assert shown["evaluated_round"] == 2
+        [url] = shown["models"]
+        model = await service.get(url)
+        assert model.status_code == 200
+        assert (
+            model.content
+            == (tmp_path / "runs" / run["id"] / "models" / url.split("/")[-1]).read_bytes()
+        )
+        for name in ("..%2F..%2Fruns.json", "nope.model", "%2E%2E%2Fstate"):
+            assert (await service.get(f"/runs/{run['id']}/models/{name}")).status_code == 404

@@ -179,7 +179,7 @@ async def test_a_second_service_on_the_same_data_directory_refuses_to_start(tmp_
 
 
 async def test_a_second_app_on_a_locked_data_directory_fails_to_start(tmp_path):
-    from samples.service.lock import DataDirectoryLockedError
+    from samples.service.runs import DataDirectoryLockedError
 
     async with in_process(tmp_path) as service:
         with pytest.raises(ExceptionGroup) as refused:  # from the lifespan's task group
