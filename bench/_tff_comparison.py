@@ -168,6 +168,16 @@ def steady(runs: list[dict[str, Any]]) -> float:
     return statistics.median(t for run in runs for t in run["round_s"][1:]) * 1e3
 
 
+def print_aligned(table: list[tuple[str, ...]]) -> None:
+    """Print ``table`` (its first line the header) with right-aligned columns, the
+    header underlined."""
+    widths = [max(len(line[column]) for line in table) for column in range(len(table[0]))]
+    for index, line in enumerate(table):
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:

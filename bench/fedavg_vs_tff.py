@@ -64,6 +64,7 @@ from _tff_comparison import (
     make_clients,
     max_relative_difference,
     positive,
+    print_aligned,
     steady,
     tff_python,
     write_npz,
@@ -324,11 +325,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 first,
             )
         )
-    widths = [max(len(line[column]) for line in table) for column in range(len(header))]
-    for index, line in enumerate(table):
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
-        if index == 0:
-            print("  ".join("-" * width for width in widths))
+    print_aligned(table)
 
 
 def main() -> None:
