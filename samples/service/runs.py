@@ -330,16 +330,14 @@ class RunRegistry:
                         await train(run.config, run.directory, run.live, build_limiter=self._builds)
                 except Exception as error:
                     logger.exception("run %s failed", run.id)
-                    run.status, run.error = FAILED, f"{type(error).__name__}: {error}"
+                    await self._end(run, FAILED, f"{type(error).__name__}: {error}")
                 else:
-                    run.status = FINISHED
+                    await self._end(run, FINISHED, None)
                 finally:
                     await run.live.aclose()
                     run.done.set()
                 # A cancelled run does not get here: its status stays as the canceller
                 # left it, "cancelled" after a DELETE, still "running" after a shutdown.
-                run.ended = time.time()
-                run.models = (await self._thread(_history, run.directory))[2]
                 await self._write_index()
         except Refused:
             pass  # kept and logged where the write failed
@@ -349,6 +347,13 @@ class RunRegistry:
     def _fail(self, failure: str) -> None:
         self.failure = self.failure or failure
         logger.error("the run registry failed: %s", failure)
+
+    async def _end(self, run: Run, status: str, error: str | None) -> None:
+        """Record that ``run`` ended: its end time and saved models first, its status
+        last, so that whoever sees it ended (a client once its events stop) sees both."""
+        run.ended = time.time()
+        run.models = (await self._thread(_history, run.directory))[2]
+        run.status, run.error = status, error
 
     async def _write_index(self) -> None:
         """Rewrite ``runs.json``; refused with 503 (the registry failed) if it cannot."""
