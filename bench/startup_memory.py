@@ -196,9 +196,10 @@ def measure_tff(python: str) -> dict[str, Any]:
 
 
 _RUN_AND_LIST = """
-import atexit, runpy, sys
+import atexit, os, runpy, sys
 atexit.register(lambda: print("MODULES", sorted({m.partition(".")[0] for m in sys.modules})))
 sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python script` sets it
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
