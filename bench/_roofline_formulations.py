@@ -17,7 +17,7 @@ the clients ``clients`` (a slice of the data's leading axis) for one round.
   the library's compiled client loop, without its gathering and metrics.
 - ``keras_map`` (any model): the same with ``tf.map_fn`` over clients, one at a time.
 - ``c_loop``: the library's compiled C loop of the softmax regression
-  (``programlogic.learning._softmax_kernel``), client after client, each client's steps
+  (``programlogic.learning.client_update.compiled``), client after client, each client's steps
   in one call; its batches index the examples in order, every slot real.
 
 The first four and ``c_loop`` are the softmax layer's math written by hand (zero start weights, as
@@ -191,9 +191,9 @@ def build_keras(data: dict[str, Any], steps: int, batch: int, model: Any, over_c
 
 
 def build_c_loop(data: dict[str, Any], steps: int, batch: int) -> Run:
-    # The compiled loop has no public name until the client-update seam (issue 34,
-    # item 4) gives it one: the one private use left in bench.
-    from programlogic.learning import _softmax_kernel
+    from programlogic.learning.client_update.compiled import load_kernel
+
+    kernel_module = load_kernel()
 
     x, labels = data["x"], data["labels"].astype(np.int64)
     n, m, features = x.shape
@@ -207,7 +207,7 @@ def build_c_loop(data: dict[str, Any], steps: int, batch: int) -> Run:
     kernel, bias = np.zeros((classes, features), np.float32), np.zeros(classes, np.float32)
 
     def run(clients: slice) -> Any:
-        kernel_deltas, bias_deltas, _, _ = _softmax_kernel.train_group(
+        kernel_deltas, bias_deltas, _, _ = kernel_module.train_group(
             x[clients], labels[clients], indices[clients], mask[clients], steps,
             kernel, bias, LEARNING_RATE, 0.0,
         )  # fmt: skip

@@ -6,9 +6,15 @@ the steps alone, so the cost of a step (the compiled client loop's, clients side
 side) is the difference over the extra steps, and what is left of the round (stacking
 clients, aggregation, the server update, threads' hand-offs) is its fixed cost. Set
 beside ``roofline.py``'s per-step cost of the bare SGD math at the same shapes, it says
-how far the compiled client loop is from the machine's ceiling. Prints one JSON line.
+how far the client update is from the machine's ceiling. Prints one JSON line.
+
+``--client-update`` picks the builders' client update (default ``auto``: the compiled
+loop for this model); ``--gather-ahead-bytes 0`` makes the traced update gather each
+batch inside its loop instead of ahead (``client_update.traced.GATHER_AHEAD_BYTES``),
+to check what gathering ahead saves a step.
 
     python bench/fedavg_step_cost.py [--clients 10 100] [--epochs 1 5] [--rounds 10]
+        [--client-update traced] [--gather-ahead-bytes 0]
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ from _tff_comparison import make_clients
 
 from programlogic import InMemoryDataSource, LocalContext, Sampling
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning import build_weighted_fed_avg, sgd, softmax_regression
+from programlogic.learning import CLIENT_UPDATES, build_weighted_fed_avg, sgd, softmax_regression
+from programlogic.learning.client_update import traced
 
 WARM_ROUNDS = 2
 
 
-async def round_ms(count: int, epochs: int, rounds: int) -> float:
+async def round_ms(count: int, epochs: int, rounds: int, client_update: str) -> float:
     """Median ms of the bare rounds after the first :data:`WARM_ROUNDS`."""
     process = build_weighted_fed_avg(
         functools.partial(softmax_regression, (784,), 10),
@@ -42,6 +49,7 @@ async def round_ms(count: int, epochs: int, rounds: int) -> float:
         sgd(1.0),
         preprocess=Preprocessing(epochs=epochs, batch_size=5, shuffle_buffer=0),
         seed=0,
+        client_update=client_update,
     )
     clients = make_clients(count)
     source = InMemoryDataSource(
@@ -58,9 +66,9 @@ async def round_ms(count: int, epochs: int, rounds: int) -> float:
     return statistics.median(times[WARM_ROUNDS:]) * 1e3
 
 
-def split(count: int, epochs: tuple[int, int], rounds: int) -> dict[str, Any]:
+def split(count: int, epochs: tuple[int, int], rounds: int, client_update: str) -> dict[str, Any]:
     """The per-step and fixed cost of a round of ``count`` clients, and the ceiling's."""
-    low, high = (anyio.run(round_ms, count, e, rounds) for e in epochs)
+    low, high = (anyio.run(round_ms, count, e, rounds, client_update) for e in epochs)
     steps = [roofline.Workload(count, epochs=e).steps for e in epochs]
     step_ms = (high - low) / (steps[1] - steps[0])
     ceiling = roofline.quick_ceiling(count)
@@ -81,17 +89,23 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--epochs", type=int, nargs=2, default=[1, 5])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--client-update", choices=CLIENT_UPDATES, default="auto")
+    parser.add_argument("--gather-ahead-bytes", type=int, default=traced.GATHER_AHEAD_BYTES)
     arguments = parser.parse_args()
+    traced.GATHER_AHEAD_BYTES = arguments.gather_ahead_bytes  # read where the graph traces
     rows = []
     for count in arguments.clients:
-        row = split(count, tuple(arguments.epochs), arguments.rounds)
+        row = split(count, tuple(arguments.epochs), arguments.rounds, arguments.client_update)
         print(
             f"{count} clients: a step {row['step_us']:.0f} us ({row['step_vs_ceiling']:.2f}x "
             f"the ceiling's {row['ceiling_step_us']:.0f} us), fixed {row['fixed_ms']:.1f} ms"
         )
         rows.append(row)
     load = os.getloadavg()
-    print(json.dumps({"benchmark": "fedavg step cost", "load_average": load, "rows": rows}))
+    settings = {"client_update": arguments.client_update,
+                "gather_ahead_bytes": arguments.gather_ahead_bytes}  # fmt: skip
+    print(json.dumps({"benchmark": "fedavg step cost", **settings, "load_average": load,
+                      "rows": rows}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,11 +20,6 @@ pytestmark = pytest.mark.anyio
 
 ROOT = pathlib.Path(__file__).parent.parent
 CHECKED = ("programlogic", "managers", "bench", "samples")
-KNOWN = {
-    # Until the compiled loop is one implementation of a public client-update seam
-    # (issue 34, point 4), the roofline study times it through its private module.
-    "bench._roofline_formulations imports programlogic.learning._softmax_kernel",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +172,7 @@ async def test_the_tree_has_no_import_circle() -> None:
 
 async def test_no_private_name_is_imported_across_packages() -> None:
     found = private_imports(library_graph())
-    assert set(found) - KNOWN == set(), "\n".join(sorted(set(found) - KNOWN))
-    assert KNOWN - set(found) == set(), f"no longer imported, drop from KNOWN: {KNOWN - set(found)}"
+    assert not found, "\n".join(found)
 
 
 def write_tree(root: pathlib.Path, files: dict[str, str]) -> None:

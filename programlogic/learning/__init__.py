@@ -12,11 +12,15 @@ from programlogic.learning.aggregators import (
     mean,
     unweighted_mean,
 )
-from programlogic.learning.fed_avg import WeightedFedAvg, build_weighted_fed_avg
+from programlogic.learning.client_update import CLIENT_UPDATES
+from programlogic.learning.fed_avg import (
+    WeightedFedAvg,
+    build_unweighted_fed_avg,
+    build_weighted_fed_avg,
+)
 from programlogic.learning.fed_eval import FederatedEvaluation, build_fed_eval
 from programlogic.learning.fed_prox import (
     FedProx,
-    build_unweighted_fed_avg,
     build_unweighted_fed_prox,
     build_weighted_fed_prox,
 )
@@ -43,6 +47,7 @@ from programlogic.learning.privacy import AdaptiveClipping, DPMean, adaptive_cli
 from programlogic.learning.robust import clipping, median, trimmed_mean
 
 __all__ = [
+    "CLIENT_UPDATES",
     "MODELS",
     "SGD",
     "Adagrad",

@@ -1,4 +1,4 @@
-"""Federated averaging of Keras models, with compiled and vectorized client updates."""
+"""Federated averaging of Keras models, weighted by examples or unweighted."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from managers.taskgroups import task_group
 from programlogic.context import count_dropped_clients, get_context
 from programlogic.data import ClientHandle
 from programlogic.datasets.preprocessing import Preprocessing, client_seed
-from programlogic.learning._client_update import train_group_graph
 from programlogic.learning._grouped import (
     MAX_CLIENTS_PER_GROUP as MAX_CLIENTS_PER_GROUP,
 )
@@ -22,7 +21,6 @@ from programlogic.learning._grouped import GroupedProcess, ratio, training_model
 from programlogic.learning._grouped import (
     plan_group_size as plan_group_size,
 )
-from programlogic.learning._softmax_update import softmax_group_update
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.aggregators import (
     Mean,
@@ -30,6 +28,9 @@ from programlogic.learning.aggregators import (
     Partial,
     check_aggregation,
 )
+from programlogic.learning.client_update import check_client_update, compiled_update
+from programlogic.learning.client_update.compiled import SoftmaxGroupUpdate
+from programlogic.learning.client_update.traced import train_group_graph
 from programlogic.learning.keras_model import FunctionalModel, ModelWeights
 from programlogic.learning.metrics import client_sums
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
@@ -38,7 +39,7 @@ from programlogic.process import LearningProcessOutput
 
 # MAX_CLIENTS_PER_GROUP and plan_group_size live in _grouped since FedEval shares them;
 # they stay importable from here, outside the public names.
-__all__ = ["WeightedFedAvg", "build_weighted_fed_avg"]
+__all__ = ["WeightedFedAvg", "build_unweighted_fed_avg", "build_weighted_fed_avg"]
 
 
 @dataclasses.dataclass
@@ -99,9 +100,9 @@ class WeightedFedAvg(GroupedProcess):
 
     Client work runs through the current federated context, a group of clients at a
     time in one compiled, vectorized TensorFlow call (XLA): clients of unequal size are
-    padded with masked batches. A softmax regression trained with SGD without momentum
-    runs the same update in a compiled C loop instead, where the install built it
-    (``programlogic.learning._softmax_update``). That call also sums the group's
+    padded with masked batches; ``client_update`` chooses how
+    (:mod:`programlogic.learning.client_update`: by default a softmax regression trained
+    with SGD without momentum runs a compiled C loop instead). That call also sums the group's
     weighted deltas (in float64); the round adds the group sums, in group order,
     through the context's ``run`` (off the event loop), so the sum is the same whichever
     group finished first. Groups hold ``clients_per_group`` clients, or by default the round split
@@ -132,18 +133,24 @@ class WeightedFedAvg(GroupedProcess):
         *,
         client_weighting: str = "num_examples",
         model_aggregator: ModelAggregator | None = None,
+        client_update: str = "auto",
     ) -> None:
         self.client_optimizer = client_optimizer
         self.server_optimizer = server_optimizer
         self.seed = seed
         self.client_weighting = client_weighting
         self.model_aggregator = Mean() if model_aggregator is None else model_aggregator
+        self.client_update = check_client_update(client_update)
         super().__init__(model, preprocess, clients_per_group)
 
     def describe_configuration(self) -> dict[str, Any]:
         """The model and preprocessing (see ``GroupedProcess``), both optimizers'
         hyperparameters, the seed of the client shuffles and, when not the defaults, the
-        client weighting and the model aggregator, as a JSON-able dict."""
+        client weighting and the model aggregator, as a JSON-able dict.
+
+        ``client_update`` is left out with ``clients_per_group``: a resumed run may
+        compute the same update another way.
+        """
         return {
             **super().describe_configuration(),
             "client_optimizer": self.client_optimizer.describe(),
@@ -265,11 +272,19 @@ class WeightedFedAvg(GroupedProcess):
         updates[0].group = group
         return updates
 
+    @property
+    def active_client_update(self) -> str:
+        """The client update this copy of the process runs: ``"compiled"``,
+        ``"portable"`` or ``"traced"`` (what ``client_update="auto"`` chose)."""
+        if not isinstance(self._compiled, SoftmaxGroupUpdate):
+            return "traced"
+        return "portable" if self._compiled.portable else "compiled"
+
     def _compile(self) -> Callable[..., Any]:
-        # A softmax regression trained with plain SGD runs as a compiled C loop instead of
-        # the traced graph (see programlogic.learning._softmax_update).
         graph, config = self._group_graph()
-        update = softmax_group_update(self.model, *config) if graph is train_group_graph else None
+        update = None
+        if graph is train_group_graph:  # the local training FedAvg and FedProx share
+            update = compiled_update(self.client_update, self.model, *config)
         return super()._compile() if update is None else update
 
     def _group_graph(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -345,6 +360,7 @@ def build_weighted_fed_avg(
     clients_per_group: int | None = None,
     client_weighting: str = "num_examples",
     model_aggregator: ModelAggregator | None = None,
+    client_update: str = "auto",
 ) -> WeightedFedAvg:
     """A :class:`WeightedFedAvg` learning process for the Keras model ``model_fn`` builds.
 
@@ -369,34 +385,93 @@ def build_weighted_fed_avg(
     - ``model_aggregator``: how the weighted client deltas become the round's update
       (default :func:`~programlogic.learning.mean`; see
       :mod:`programlogic.learning.aggregators`).
+    - ``client_update``: how a group of clients trains, ``"auto"`` (default),
+      ``"compiled"``, ``"portable"`` or ``"traced"``
+      (:mod:`programlogic.learning.client_update`).
     """
-    client_weighting, model_aggregator = check_aggregation(client_weighting, model_aggregator)
-    client_optimizer, server_optimizer = _fed_avg_optimizers(client_optimizer, server_optimizer)
-    preprocess = Preprocessing() if preprocess is None else preprocess
-    model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
-    return WeightedFedAvg(
-        model,
+    return _build_process(
+        WeightedFedAvg,
+        model_fn,
         client_optimizer,
         server_optimizer,
-        preprocess,
-        seed,
-        clients_per_group,
+        loss=loss,
+        metrics=metrics,
+        preprocess=preprocess,
+        seed=seed,
+        clients_per_group=clients_per_group,
         client_weighting=client_weighting,
         model_aggregator=model_aggregator,
+        client_update=client_update,
     )
 
 
-def _fed_avg_optimizers(
-    client_optimizer: Any, server_optimizer: Any
-) -> tuple[Optimizer, Optimizer]:
-    """FedAvg's client and server optimizers: those given (converted by
-    :func:`~programlogic.learning.optimizers.as_optimizer`) or ``sgd(0.02)`` and
-    ``sgd(1.0)``."""
-    return (
+def build_unweighted_fed_avg(
+    model_fn: Callable[[], Any],
+    client_optimizer: Optimizer | Any = None,
+    server_optimizer: Optimizer | Any = None,
+    *,
+    model_aggregator: ModelAggregator | None = None,
+    loss: Any = None,
+    metrics: Sequence[Any] = ("sparse_categorical_accuracy",),
+    preprocess: Preprocessing | None = None,
+    seed: int = 0,
+    clients_per_group: int | None = None,
+    client_update: str = "auto",
+) -> WeightedFedAvg:
+    """FedAvg averaging the client deltas with equal weights, TFF's
+    ``build_unweighted_fed_avg``: :func:`build_weighted_fed_avg` with
+    ``client_weighting="uniform"`` (a client without examples, or whose delta is not
+    finite, weighs nothing)."""
+    return build_weighted_fed_avg(
+        model_fn,
+        client_optimizer,
+        server_optimizer,
+        loss=loss,
+        metrics=metrics,
+        preprocess=preprocess,
+        seed=seed,
+        clients_per_group=clients_per_group,
+        client_weighting="uniform",
+        model_aggregator=model_aggregator,
+        client_update=client_update,
+    )
+
+
+def _build_process(
+    process_class: type[WeightedFedAvg],
+    model_fn: Callable[[], Any],
+    client_optimizer: Any,
+    server_optimizer: Any,
+    *,
+    loss: Any,
+    metrics: Sequence[Any],
+    preprocess: Preprocessing | None,
+    seed: int,
+    clients_per_group: int | None,
+    client_weighting: str,
+    model_aggregator: ModelAggregator | None,
+    client_update: str,
+    **extra: Any,
+) -> Any:
+    """A ``process_class`` (:class:`WeightedFedAvg` or a subclass taking the keywords
+    ``extra``) from a FedAvg builder's arguments, checked and with their defaults: client
+    ``sgd(0.02)``, server ``sgd(1.0)``, ``Preprocessing()``."""
+    client_weighting, model_aggregator = check_aggregation(client_weighting, model_aggregator)
+    preprocess = Preprocessing() if preprocess is None else preprocess
+    model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
+    return process_class(
+        model,
         as_optimizer(
             sgd(0.02) if client_optimizer is None else client_optimizer, "client_optimizer"
         ),
         as_optimizer(
             sgd(1.0) if server_optimizer is None else server_optimizer, "server_optimizer"
         ),
+        preprocess,
+        seed,
+        clients_per_group,
+        client_weighting=client_weighting,
+        model_aggregator=model_aggregator,
+        client_update=client_update,
+        **extra,
     )

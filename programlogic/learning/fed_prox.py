@@ -1,4 +1,4 @@
-"""FedProx and unweighted FedAvg: FedAvg with a proximal client term and client weights."""
+"""FedProx: FedAvg whose client steps are pulled towards the server model."""
 
 from __future__ import annotations
 
@@ -7,21 +7,13 @@ from typing import Any
 
 from managers.validation import check_number
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._client_update import train_group_graph
-from programlogic.learning._grouped import training_model
-from programlogic.learning.aggregators import CLIENT_WEIGHTINGS as CLIENT_WEIGHTINGS
-from programlogic.learning.aggregators import ModelAggregator, check_aggregation
-from programlogic.learning.fed_avg import WeightedFedAvg, _fed_avg_optimizers
+from programlogic.learning.aggregators import ModelAggregator
+from programlogic.learning.client_update.traced import train_group_graph
+from programlogic.learning.fed_avg import WeightedFedAvg, _build_process
 from programlogic.learning.keras_model import FunctionalModel
 from programlogic.learning.optimizers import Optimizer
 
-__all__ = [
-    "CLIENT_WEIGHTINGS",
-    "FedProx",
-    "build_unweighted_fed_avg",
-    "build_unweighted_fed_prox",
-    "build_weighted_fed_prox",
-]
+__all__ = ["FedProx", "build_unweighted_fed_prox", "build_weighted_fed_prox"]
 
 
 class FedProx(WeightedFedAvg):
@@ -37,11 +29,11 @@ class FedProx(WeightedFedAvg):
     Client deltas are averaged weighted by the examples each client trained on
     (``client_weighting="num_examples"``) or with equal weights (``"uniform"``: a client
     with no examples weighs nothing, a client whose delta is not finite neither).
-    With ``proximal_strength=0`` this is FedAvg: :func:`build_unweighted_fed_avg`.
+    With ``proximal_strength=0`` this is FedAvg, bit for bit.
 
-    Everything else (state, metrics, determinism, resuming) is :class:`WeightedFedAvg`'s.
-    Build it with :func:`build_weighted_fed_prox`, :func:`build_unweighted_fed_prox` or
-    :func:`build_unweighted_fed_avg`.
+    Everything else (state, metrics, determinism, resuming, ``client_update``) is
+    :class:`WeightedFedAvg`'s. Build it with :func:`build_weighted_fed_prox` or
+    :func:`build_unweighted_fed_prox`.
     """
 
     def __init__(
@@ -54,8 +46,9 @@ class FedProx(WeightedFedAvg):
         clients_per_group: int | None,
         *,
         proximal_strength: float,
-        client_weighting: str,
+        client_weighting: str = "num_examples",
         model_aggregator: ModelAggregator | None = None,
+        client_update: str = "auto",
     ) -> None:
         self.proximal_strength = proximal_strength
         super().__init__(
@@ -67,6 +60,7 @@ class FedProx(WeightedFedAvg):
             clients_per_group,
             client_weighting=client_weighting,
             model_aggregator=model_aggregator,
+            client_update=client_update,
         )
 
     def describe_configuration(self) -> dict[str, Any]:
@@ -99,6 +93,7 @@ def build_weighted_fed_prox(
     preprocess: Preprocessing | None = None,
     seed: int = 0,
     clients_per_group: int | None = None,
+    client_update: str = "auto",
 ) -> FedProx:
     """A :class:`FedProx` process, TFF's ``build_weighted_fed_prox``.
 
@@ -110,20 +105,20 @@ def build_weighted_fed_prox(
     ``model_aggregator`` :func:`~programlogic.learning.mean`).
     """
     check_number("proximal_strength", proximal_strength, minimum=0, finite=True)
-    client_weighting, model_aggregator = check_aggregation(client_weighting, model_aggregator)
-    client_optimizer, server_optimizer = _fed_avg_optimizers(client_optimizer, server_optimizer)
-    preprocess = Preprocessing() if preprocess is None else preprocess
-    model = training_model(model_fn, loss, metrics, preprocess, seed, clients_per_group)
-    return FedProx(
-        model,
+    return _build_process(
+        FedProx,
+        model_fn,
         client_optimizer,
         server_optimizer,
-        preprocess,
-        seed,
-        clients_per_group,
-        proximal_strength=float(proximal_strength),
+        loss=loss,
+        metrics=metrics,
+        preprocess=preprocess,
+        seed=seed,
+        clients_per_group=clients_per_group,
         client_weighting=client_weighting,
         model_aggregator=model_aggregator,
+        client_update=client_update,
+        proximal_strength=float(proximal_strength),
     )
 
 
@@ -139,6 +134,7 @@ def build_unweighted_fed_prox(
     preprocess: Preprocessing | None = None,
     seed: int = 0,
     clients_per_group: int | None = None,
+    client_update: str = "auto",
 ) -> FedProx:
     """A :class:`FedProx` process averaging the clients with equal weights, TFF's
     ``build_unweighted_fed_prox``: :func:`build_weighted_fed_prox` with
@@ -155,35 +151,5 @@ def build_unweighted_fed_prox(
         preprocess=preprocess,
         seed=seed,
         clients_per_group=clients_per_group,
-    )
-
-
-def build_unweighted_fed_avg(
-    model_fn: Callable[[], Any],
-    client_optimizer: Optimizer | Any = None,
-    server_optimizer: Optimizer | Any = None,
-    *,
-    model_aggregator: ModelAggregator | None = None,
-    loss: Any = None,
-    metrics: Sequence[str] = ("sparse_categorical_accuracy",),
-    preprocess: Preprocessing | None = None,
-    seed: int = 0,
-    clients_per_group: int | None = None,
-) -> FedProx:
-    """FedAvg averaging the client deltas with equal weights, TFF's
-    ``build_unweighted_fed_avg``: a :class:`FedProx` with ``proximal_strength=0`` and
-    ``client_weighting="uniform"``; arguments as
-    :func:`~programlogic.learning.build_weighted_fed_avg`'s."""
-    return build_weighted_fed_prox(
-        model_fn,
-        0.0,
-        client_optimizer,
-        server_optimizer,
-        client_weighting="uniform",
-        model_aggregator=model_aggregator,
-        loss=loss,
-        metrics=metrics,
-        preprocess=preprocess,
-        seed=seed,
-        clients_per_group=clients_per_group,
+        client_update=client_update,
     )

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from programlogic.datasets.preprocessing import Preprocessing
-from programlogic.learning._client_update import batch_gradients, training_zeros
 from programlogic.learning._grouped import GroupedProcess, training_model
 from programlogic.learning._tensorflow import tf
 from programlogic.learning.aggregators import (
@@ -15,6 +14,7 @@ from programlogic.learning.aggregators import (
     check_aggregation,
     fold_clients,
 )
+from programlogic.learning.client_update.traced import batch_gradients, training_zeros
 from programlogic.learning.fed_avg import WeightedFedAvg
 from programlogic.learning.keras_model import ClientGroup, FunctionalModel
 from programlogic.learning.optimizers import Optimizer, as_optimizer, sgd
@@ -54,6 +54,7 @@ class FedSGD(WeightedFedAvg):
             seed,
             clients_per_group,
             model_aggregator=model_aggregator,
+            client_update="traced",  # its graph computes gradients, no local training
         )
 
     def describe_configuration(self) -> dict[str, Any]:

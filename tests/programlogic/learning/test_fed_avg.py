@@ -42,12 +42,12 @@ from programlogic import (
 from programlogic.datasets import ClientArrays, Preprocessing
 from programlogic.learning import (
     WeightedFedAvg,
-    _client_update,
     adam,
     build_weighted_fed_avg,
     sgd,
     softmax_regression,
 )
+from programlogic.learning.client_update import traced
 from programlogic.learning.fed_avg import MAX_CLIENTS_PER_GROUP, plan_group_size
 from programlogic.testing import (
     CrashingStateManager,
@@ -170,7 +170,7 @@ async def test_batches_gathered_in_the_loop_train_as_batches_gathered_ahead(monk
     # Groups whose batches would take more than GATHER_AHEAD_BYTES gather each batch in
     # the compiled loop; a client optimizer no other test uses gives a function of its
     # own, traced with that limit.
-    monkeypatch.setattr(_client_update, "GATHER_AHEAD_BYTES", 0)
+    monkeypatch.setattr(traced, "GATHER_AHEAD_BYTES", 0)
     process = build_weighted_fed_avg(
         SMALL_MODEL, sgd(0.5, momentum=0.25), sgd(1.0), preprocess=UNSHUFFLED, clients_per_group=2
     )

@@ -27,8 +27,8 @@ from managers import FileProgramStateManager, MemoryProgramStateManager, MemoryR
 from programlogic import InMemoryDataSource, LocalContext, train_model
 from programlogic.datasets import Preprocessing
 from programlogic.learning import (
-    FedProx,
     FedSGD,
+    WeightedFedAvg,
     adam,
     build_fed_sgd,
     build_unweighted_fed_avg,
@@ -201,12 +201,14 @@ async def test_a_fed_sgd_client_with_nan_data_is_left_out_and_counted() -> None:
 async def test_configurations_name_the_new_hyperparameters() -> None:
     prox = built("weighted_fed_prox").describe_configuration()
     assert prox["proximal_strength"] == 0.3 and prox["client_weighting"] == "num_examples"
-    assert built("unweighted_fed_avg").describe_configuration()["client_weighting"] == "uniform"
-    assert built("unweighted_fed_avg").describe_configuration()["proximal_strength"] == 0.0
+    unweighted = built("unweighted_fed_avg").describe_configuration()
+    assert unweighted["client_weighting"] == "uniform" and "proximal_strength" not in unweighted
     sgd_config = built("fed_sgd").describe_configuration()
     assert sgd_config["algorithm"] == "fed_sgd" and "client_optimizer" not in sgd_config
     assert sgd_config["server_optimizer"] == sgd(SERVER_RATE).describe()
-    assert isinstance(built("fed_sgd"), FedSGD) and isinstance(built("unweighted_fed_avg"), FedProx)
+    assert (
+        isinstance(built("fed_sgd"), FedSGD) and type(built("unweighted_fed_avg")) is WeightedFedAvg
+    )
 
 
 async def test_defaults_are_tffs() -> None:

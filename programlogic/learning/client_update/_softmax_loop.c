@@ -4,16 +4,92 @@
  * (the logits, the kernel's gradient) run along contiguous rows. Where GCC can, the
  * function is compiled for AVX-512, for AVX2 with FMA and for the baseline instruction
  * set, and the loader picks the widest the CPU has (the loops over features are most of
- * the work, and vector width was measured to halve their time).
+ * the work, and vector width was measured to halve their time); setup.py lets it
+ * reassociate the sums so that they vectorize. Those builds differ in their last bits.
+ *
+ * _softmax_loop_baseline.c includes this file with SOFTMAX_BASELINE defined: one build,
+ * sums in source order, and exp and log of its own instead of libm's (glibc picks an
+ * FMA variant of expf and logf by CPU).
  */
 #include "_softmax_loop.h"
 
 #include <math.h>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#if defined(SOFTMAX_BASELINE)
+#define WIDEST_VECTORS
+#define EXP baseline_expf
+#define LOG baseline_logf
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define WIDEST_VECTORS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define EXP expf
+#define LOG logf
 #else
 #define WIDEST_VECTORS
+#define EXP expf
+#define LOG logf
+#endif
+
+#if defined(SOFTMAX_BASELINE)
+static const double LN2 = 0.6931471805599453;
+
+/* e^x rounded to float: x = k ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to
+ * r^12 / 12! (an error below 1e-13 against float's 6e-8), times 2^k exactly. */
+static float baseline_expf(float x) {
+    if (isnan(x)) return x;
+    if (x > 89.0f) return INFINITY;
+    if (x < -104.0f) return 0.0f;
+    double k = floor((double)x / LN2 + 0.5), r = (double)x - k * LN2, term = 1.0;
+    double total = 1.0;
+    for (int n = 1; n <= 12; n++) {
+        term = term * r / n;
+        total += term;
+    }
+    return (float)ldexp(total, (int)k);
+}
+
+/* ln x rounded to float: x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s) for
+ * s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^17 / 17. */
+static float baseline_logf(float x) {
+    if (isnan(x) || x < 0.0f) return NAN;
+    if (x == 0.0f) return -INFINITY;
+    if (isinf(x)) return x;
+    int e;
+    double m = frexp((double)x, &e);
+    if (m < 0.7071067811865476) {
+        m *= 2.0;
+        e -= 1;
+    }
+    double s = (m - 1.0) / (m + 1.0), s2 = s * s, power = s, series = 0.0;
+    for (int n = 1; n <= 17; n += 2) {
+        series += power / n;
+        power *= s2;
+    }
+    return (float)(e * LN2 + 2.0 * series);
+}
+#endif
+
+#if defined(SOFTMAX_BASELINE)
+#define LANES 8
+/* x . row in a fixed order that still vectorizes: LANES running sums, lane j over the
+ * features d = j mod LANES below the last multiple of LANES, added up lane by lane, then
+ * the features left over one by one. */
+static inline float dot(const float *x, const float *row, ptrdiff_t features) {
+    float lanes[LANES] = {0.0f};
+    ptrdiff_t d = 0;
+    for (; d + LANES <= features; d += LANES)
+        for (int j = 0; j < LANES; j++) lanes[j] += x[d + j] * row[d + j];
+    float total = 0.0f;
+    for (int j = 0; j < LANES; j++) total += lanes[j];
+    for (; d < features; d++) total += x[d] * row[d];
+    return total;
+}
+#else
+/* x . row, reassociated as the compiler vectorizes it. */
+static inline float dot(const float *x, const float *row, ptrdiff_t features) {
+    float total = 0.0f;
+    for (ptrdiff_t d = 0; d < features; d++) total += x[d] * row[d];
+    return total;
+}
 #endif
 
 /* One example's cross-entropy; `out` gets its softmax probabilities and `best` their
@@ -21,12 +97,7 @@
 static inline float forward(const float *x, int64_t label, const float *kernel,
                             const float *bias, float *out, ptrdiff_t classes,
                             ptrdiff_t features, ptrdiff_t *best) {
-    for (ptrdiff_t k = 0; k < classes; k++) {
-        const float *row = kernel + k * features;
-        float total = 0.0f;
-        for (ptrdiff_t d = 0; d < features; d++) total += x[d] * row[d];
-        out[k] = total + bias[k];
-    }
+    for (ptrdiff_t k = 0; k < classes; k++) out[k] = dot(x, kernel + k * features, features) + bias[k];
     if (label < 0 || label >= classes) {
         *best = -1;
         for (ptrdiff_t k = 0; k < classes; k++) out[k] = NAN;
@@ -37,7 +108,7 @@ static inline float forward(const float *x, int64_t label, const float *kernel,
         if (out[k] > top) top = out[k];
     float picked = out[label] - top, norm = 0.0f;
     for (ptrdiff_t k = 0; k < classes; k++) {
-        out[k] = expf(out[k] - top);
+        out[k] = EXP(out[k] - top);
         norm += out[k];
     }
     *best = 0;
@@ -45,7 +116,7 @@ static inline float forward(const float *x, int64_t label, const float *kernel,
         out[k] = out[k] / norm;
         if (out[k] > out[*best]) *best = k;
     }
-    return logf(norm) - picked;
+    return LOG(norm) - picked;
 }
 
 /* The errors of a step's batch (`errors` [slots, classes]: the loss's gradient with

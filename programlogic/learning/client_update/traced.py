@@ -1,8 +1,10 @@
-"""Client work as traced graphs: local training of a group of clients, folded.
+"""The traced client update: local training of a group of clients as one XLA call.
 
-:func:`train_group_graph` is the client update of
-:class:`~programlogic.learning.fed_avg.WeightedFedAvg` and its FedProx variant;
-:func:`batch_gradients` and :func:`training_zeros` are the steps FedSGD's graph shares.
+:func:`train_group_graph` is the ``client_update="traced"`` group update of
+:class:`~programlogic.learning.fed_avg.WeightedFedAvg` and FedProx: any Keras model,
+any client optimizer, the group's clients vectorized with ``tf.vectorized_map`` over a
+``tf.while_loop`` of their steps, compiled with XLA. :func:`batch_gradients` and
+:func:`training_zeros` are the steps FedSGD's graph shares.
 """
 
 from __future__ import annotations
@@ -54,9 +56,15 @@ def training_zeros(model: FunctionalModel) -> dict[str, Any]:
 
 
 GATHER_AHEAD_BYTES = 32 * 2**20
-"""The most bytes of a group's batches that its local training gathers before its first
-step, all at once, rather than batch by batch in its compiled loop (where a gather was
-measured to cost some 25 us a step, a third of a 5-client step of the tutorial's model)."""
+"""The most bytes of a group's batches that :func:`train_group_graph` gathers before its
+first step, all at once, rather than batch by batch inside its loop.
+
+Why: inside the compiled loop a gather was measured to cost some 25 us a step whatever
+the group's size, a third of a 5-client step of the tutorial's model, while the copy
+ahead takes 8.8 MB for such a group. Check it with ``python bench/fedavg_step_cost.py
+--gather-ahead-bytes 0`` against the default: the cost of a step with and without.
+Above the bound (large groups of large examples) the copy's memory would outweigh it.
+"""
 
 
 def _gathered_ahead(group: ClientGroup) -> bool:

@@ -1,14 +1,5 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-# cython: initializedcheck=False
-"""Local SGD of a softmax regression, client by client, compiled at install.
-
-:func:`train_group` (each client's loop in ``_softmax_loop.c``) is the loop of
-:mod:`programlogic.learning._softmax_update`: a group of clients, each from the same
-start weights, trained on its batches (``indices`` into its examples, ``mask`` marking
-the real slots) with the masked mean cross-entropy and plain SGD, a proximal term when
-``proximal`` is nonzero. The kernel is held transposed, ``[classes, features]``, so that
-both of a step's products run along contiguous rows.
-"""
+# The body of _softmax_kernel.pyx and _softmax_kernel_baseline.pyx: one Cython wrapper
+# of softmax_train_client, linked to the default or the baseline build of the C loop.
 
 import numpy as np
 
