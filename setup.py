@@ -19,21 +19,23 @@ BASELINE_FLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 
 
 def kernel(name: str, loop: str, flags: list[str]) -> Extension:
+    """An extension of the client-update package; optional (below): without a C
+    compiler the install goes on without it."""
     return Extension(
         f"programlogic.learning.client_update.{name}",
         [f"{PACKAGE}/{name}.pyx", f"{PACKAGE}/{loop}"],
         depends=[f"{PACKAGE}/_softmax_group.pxi", f"{PACKAGE}/_softmax_loop.c"],
         extra_compile_args=flags,
-        optional=True,  # without a C compiler the install goes on without it
     )
 
 
-setup(
-    ext_modules=cythonize(
-        [
-            kernel("_softmax_kernel", "_softmax_loop.c", FLAGS),
-            kernel("_softmax_kernel_baseline", "_softmax_loop_baseline.c", BASELINE_FLAGS),
-        ],
-        compiler_directives={"language_level": 3},
-    )
+extensions = cythonize(
+    [
+        kernel("_softmax_kernel", "_softmax_loop.c", FLAGS),
+        kernel("_softmax_kernel_baseline", "_softmax_loop_baseline.c", BASELINE_FLAGS),
+    ],
+    compiler_directives={"language_level": 3},
 )
+for extension in extensions:
+    extension.optional = True  # cythonize (Cython 3.3) builds new Extensions without it
+setup(ext_modules=extensions)
