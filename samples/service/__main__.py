@@ -33,12 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports Te
 import uvicorn
 
 from samples.service.app import LOOPBACK_HOSTS, check_token, create_app
-from samples.service.runs import (
-    DamagedIndexError,
-    DataDirectoryLockedError,
-    check_unlocked,
-    read_index,
-)
+from samples.service.runs import DamagedIndexError, DataDirectoryLockedError, check_data_dir
 from samples.service.training import load_training
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
@@ -49,12 +44,9 @@ logger = logging.getLogger("samples.service")
 def prepare_process() -> None:
     """Load what training needs and tune the garbage collector, before serving.
 
-    A full garbage collection holds the GIL, so it stalls the event loop whichever
-    thread starts it: 0.4-1 s each were measured while runs started on a loaded
-    machine, walking the ~400,000 objects of TensorFlow and Keras. Loaded first and
-    frozen, those are out of its sight; and full collections come at most every 100
-    (not 10) collections of the middle generation, while tracing makes many
-    long-lived objects.
+    A full collection holds the GIL and stalls the event loop (0.4-1 s were measured
+    walking TensorFlow's and Keras's objects on a loaded machine): loaded first and
+    frozen, those are out of its sight, and full collections come 10 times rarer.
     """
     load_training()
     gc.freeze()
@@ -81,12 +73,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="NAME",
+        "--allowed-host", action="append", default=[], metavar="NAME",
         help="a name clients reach the service by (in Host); repeatable",
-    )
+    )  # fmt: skip
     parser.add_argument("--max-running", type=int, default=4, metavar="N")
     parser.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     arguments = parser.parse_args(argv)
@@ -103,13 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"listening on {arguments.host} needs --allowed-host NAME: the names clients use"
         )
-    if arguments.max_running < 1:
-        parser.error("--max-running must be at least 1")
-    if arguments.shutdown_grace < 0:
-        parser.error("--shutdown-grace must not be negative")
+    if arguments.max_running < 1 or arguments.shutdown_grace < 0:
+        parser.error("--max-running must be at least 1, --shutdown-grace not negative")
     try:
-        check_unlocked(arguments.data_dir)
-        read_index(arguments.data_dir)
+        check_data_dir(arguments.data_dir)
     except (DataDirectoryLockedError, DamagedIndexError) as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
 
@@ -118,13 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(
         arguments.data_dir, token=token, allowed_hosts=hosts, max_running=arguments.max_running
     )
+    # Open event streams get a second at a stop; then the runs are cancelled.
+    grace = min(1.0, arguments.shutdown_grace)
     config = uvicorn.Config(
-        app,
-        host=arguments.host,
-        port=arguments.port,
-        log_level="info",
-        # Open event streams get a second; then the runs are cancelled.
-        timeout_graceful_shutdown=min(1.0, arguments.shutdown_grace),
+        app, arguments.host, arguments.port, log_level="info", timeout_graceful_shutdown=grace
     )
     _GracefulServer(config, arguments.shutdown_grace).run()
 
@@ -146,11 +129,9 @@ class _GracefulServer(uvicorn.Server):
 
     def _end(self, sig: int) -> None:
         logger.warning(
-            "still stopping %.1f s after signal %d: work that cannot be interrupted is left; "
-            "ending the process (its runs resume from their last checkpoints)",
-            self.grace,
-            sig,
-        )
+            "still stopping %.1f s after signal %d: ending the process (uninterruptible work "
+            "is left; its runs resume from their last checkpoints)", self.grace, sig,
+        )  # fmt: skip
         logging.shutdown()
         os._exit(128 + sig)
 

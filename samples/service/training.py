@@ -12,7 +12,6 @@ import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
-import anyio
 import anyio.to_thread
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -33,48 +32,42 @@ was accepted when the run started, under the rules of the time, so it is not che
 
 
 def _refuse(rule: str, directory: str) -> NoReturn:
-    # A custom error type keeps pydantic from prefixing the message with "Value error, ".
+    # A custom error type: pydantic puts no "Value error, " before the message.
     raise PydanticCustomError(
         "run_directory", "{rule}, got {value}", {"rule": rule, "value": repr(directory)}
     )
 
 
 def check_run_directory(directory: str | None, info: ValidationInfo) -> str | None:
-    """``directory`` if a run may have it: no control characters, empty or hidden parts
-    (which refuses ``.`` and ``..``), parts named after the service's files, or parts
-    over :data:`MAX_NAME_BYTES` bytes in UTF-8; a pydantic error naming it otherwise."""
+    """``directory`` if a run may have it, else a pydantic error naming the rule it breaks."""
     if directory is None or (info.context or {}).get(RECORDED):
         return directory
     parts = directory.split("/")
-    if any(ord(character) < 32 or ord(character) == 127 for character in directory):
-        _refuse("directory must not contain control characters", directory)
-    if Path(directory).is_absolute():
-        _refuse("directory must be relative to the runs directory", directory)
-    if "" in parts:
-        _refuse("directory must not have an empty part", directory)
-    if any(part.startswith(".") for part in parts):
-        _refuse("directory must not have a hidden part (starting with '.')", directory)
-    for own in SERVICE_FILES:
-        if any(part.startswith(own) for part in parts):
-            _refuse(f"directory must not be named after the service's file {own}", directory)
     longest = max(len(part.encode()) for part in parts)
+    named = next((own for own in SERVICE_FILES for part in parts if part.startswith(own)), None)
+    for broken, rule in [
+        (any(ord(c) < 32 or ord(c) == 127 for c in directory), "not contain control characters"),
+        (directory.startswith("/"), "be relative to the runs directory"),
+        ("" in parts, "not have an empty part"),
+        (any(part.startswith(".") for part in parts), "not have a hidden part (starting with '.')"),
+        (named is not None, f"not be named after the service's file {named}"),
+    ]:
+        if broken:
+            _refuse(f"directory must {rule}", directory)
     if longest > MAX_NAME_BYTES:
-        _refuse(
-            f"each part of directory must be at most {MAX_NAME_BYTES} bytes in UTF-8 "
-            f"(one has {longest})",
-            directory,
-        )
+        rule = f"each part of directory must be at most {MAX_NAME_BYTES} bytes in UTF-8"
+        _refuse(f"{rule} (one has {longest})", directory)
     return directory
 
 
 class RunConfig(BaseModel):
     """Federated averaging on scikit-learn's handwritten digits, one client per writer.
 
-    Unknown fields are refused, so a typo never silently falls back to a default; values
-    are strict (``true`` is not a round count, ``"3"`` is not a number). The model is
-    evaluated on the 4 held-out writers every ``eval_every`` rounds and after the last.
-    ``directory`` is where the run keeps its files, relative to the ``runs/`` directory
-    of the service's data directory (default: the run's id).
+    Strict: unknown fields are refused (a typo never falls back to a default), and so
+    are values of the wrong type (``true`` is not a round count, ``"3"`` not a number).
+    The model is evaluated on the 4 held-out writers every ``eval_every`` rounds and
+    after the last. ``directory``: where the run keeps its files, relative to ``runs/``
+    in the service's data directory (default: the run's id).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -96,10 +89,10 @@ class RunConfig(BaseModel):
 def load_training() -> None:
     """Import TensorFlow, Keras and scikit-learn, and load the digits: before serving.
 
-    Loading an extension module holds the GIL for up to half a second at a time, so
-    in a worker thread it still stalls the event loop; at startup no request waits.
+    Loading an extension module holds the GIL for up to half a second, so even in a
+    worker thread it stalls the event loop; at startup no request waits.
     """
-    import programlogic.learning  # noqa: F401  (imported for its side effect: loaded)
+    import programlogic.learning  # noqa: F401  (imported to be loaded)
 
     _digits()
 
@@ -118,14 +111,13 @@ def _build(config: RunConfig) -> tuple[Any, Any]:
 
     data = _digits()
     model_fn = functools.partial(build_model, config.model, data.feature_shape, data.num_classes)
-    preprocess = Preprocessing(
-        epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
-    )
     process = build_weighted_fed_avg(
         model_fn,
         sgd(config.client_lr),
         sgd(config.server_lr),
-        preprocess=preprocess,
+        preprocess=Preprocessing(
+            epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
+        ),
         seed=config.seed,
     )
     return process, build_fed_eval(model_fn, train_process=process)
@@ -135,13 +127,10 @@ async def train(
     config: RunConfig,
     directory: Path,
     live: LiveMetricsReleaseManager,
-    *,
-    build_limiter: anyio.CapacityLimiter | None = None,
 ) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``
-    (held-out ones to ``live.evaluation``). The model is built on a worker thread of
-    ``build_limiter`` (default: anyio's)."""
-    process, evaluation = await anyio.to_thread.run_sync(_build, config, limiter=build_limiter)
+    """Train (or resume) the run of ``config`` in ``directory``, releasing its metrics to
+    ``live``."""
+    process, evaluation = await anyio.to_thread.run_sync(_build, config)
     held_out = FileRunEvaluation(
         evaluation, _digits().test, cohort_size=4, metrics_managers=[live.evaluation]
     )
