@@ -1,20 +1,11 @@
 """Serve the sample training service with uvicorn.
 
-    python -m samples.service [--data-dir runs/service] [--host 127.0.0.1] [--port 8000]
-        [--allowed-host NAME ...] [--max-running 4] [--shutdown-grace 5]
-
-It listens on 127.0.0.1 unless told otherwise. On any other address it needs a bearer
-token, read from the environment variable PROGRAMLOGIC_SERVICE_TOKEN (at least 16
-printable ASCII characters, no whitespace); on loopback the token is optional and
-enforced when set. Requests must name the service in their Host header: on loopback
-localhost, 127.0.0.1 or [::1]; elsewhere the listening address or a name given with
---allowed-host (repeatable; needed when listening on every address, 0.0.0.0 or ::).
-At most --max-running runs train at once; more are refused with 429. SIGTERM or
-Ctrl-C stops it: the runs are cancelled, keep their checkpoints and resume at the next
-start; work that cannot be interrupted (a model build, a compiled TensorFlow step) gets
---shutdown-grace seconds from the signal, then the process ends anyway (exit status
-128 + the signal). One service at a time per data directory: a second one on the same
-directory refuses to start.
+On 127.0.0.1 (the default) the bearer token in $PROGRAMLOGIC_SERVICE_TOKEN is optional;
+on any other address it is needed. Requests must name the service in Host: on loopback
+localhost, 127.0.0.1 or [::1]; elsewhere the address or an --allowed-host (needed on
+0.0.0.0 or ::). SIGTERM or Ctrl-C cancels the runs, which resume at the next start; what
+cannot be interrupted gets --shutdown-grace seconds, then the process ends (128 + the
+signal). A second service on the same data directory refuses to start.
 """
 
 from __future__ import annotations
@@ -117,8 +108,7 @@ class _GracefulServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, grace: float) -> None:
         super().__init__(config)
-        self.grace = grace
-        self.timer: threading.Timer | None = None
+        self.grace, self.timer = grace, None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -128,10 +118,7 @@ class _GracefulServer(uvicorn.Server):
             self.timer.start()
 
     def _end(self, sig: int) -> None:
-        logger.warning(
-            "still stopping %.1f s after signal %d: ending the process (uninterruptible work "
-            "is left; its runs resume from their last checkpoints)", self.grace, sig,
-        )  # fmt: skip
+        logger.warning("still stopping %.1f s after signal %d: ending the process", self.grace, sig)
         logging.shutdown()
         os._exit(128 + sig)
 

@@ -1,22 +1,14 @@
 """The HTTP API of the training service, a Starlette application.
 
-    GET    /                       the status page: runs, curves, settings, time left
-    GET    /health                 {"status": "ok", "running": N}; needs no token; 503 and
-                                   {"status": "failed", "error": ...} if the registry failed
-    POST   /runs                   start a run from a JSON RunConfig -> 201 and the run
-    GET    /runs                   every run: status, round, latest metrics, settings, times
-    GET    /runs/{id}              one run
-    GET    /runs/{id}/events       its metrics as server-sent events, past ones first
-    GET    /runs/{id}/models/{name}  a model file the run saved
-    DELETE /runs/{id}              cancel it; it stops within a round, checkpoints intact
+    GET /  the status page            GET /health  {"status": "ok", "running": N}, no token
+    POST /runs  start a run (JSON)    GET /runs, GET /runs/{id}  runs: status, metrics, times
+    DELETE /runs/{id}  cancel it      GET /runs/{id}/events  its metrics as server-sent events
+    GET /runs/{id}/models/{name}  a model file it saved
 
-Errors are ``{"error": "one line"}`` with a 4xx status. With a token, every route but
-``/`` and ``/health`` needs ``Authorization: Bearer <token>`` (Starlette's
-``AuthenticationMiddleware``). What a web page on another site could make a browser
-send is refused: a ``Host`` header that does not name the service (421: DNS
-rebinding), a POST or DELETE from a foreign ``Origin`` (403), a body not declared
-``application/json`` (415: such a cross-site request needs no CORS preflight). Bodies
-over ``max_body_bytes`` get 413; beyond ``max_running`` active runs, ``POST /runs`` 429.
+Errors are ``{"error": "one line"}``. With a token, all but ``/`` and ``/health`` need
+``Authorization: Bearer <token>``. Refused, as a page of another site could send them: a
+``Host`` not naming the service (421: DNS rebinding), a POST or DELETE from a foreign
+``Origin`` (403), a body not declared JSON (415: it would need no CORS preflight).
 """
 
 from __future__ import annotations
@@ -45,8 +37,7 @@ from samples.service.runs import RunRegistry
 
 __all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "check_token", "create_app"]
 
-MAX_BODY_BYTES = 16 * 1024
-"""The largest request body accepted; a run's configuration is a few hundred bytes."""
+MAX_BODY_BYTES = 16 * 1024  # a run's configuration is a few hundred bytes
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 """The names a service listening on loopback answers to, in ``Host`` and ``Origin``."""
 
@@ -70,13 +61,12 @@ def create_app(
     max_running: int = 4,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
-    """The service over ``data_dir``: its unfinished runs resume at startup.
+    """The service over ``data_dir``, its unfinished runs resumed at startup.
 
-    ``token``: when given, requests need it as a bearer token (401 otherwise); see
-    :func:`check_token`. ``allowed_hosts``: the host names (IPv6 addresses in brackets)
-    that requests may name in ``Host``, at the port the service listens on (421
-    otherwise); own origins are ``http://`` these. ``max_running``: the most runs
-    trained at once.
+    ``token``: the bearer token requests need (401 otherwise). ``allowed_hosts``: the
+    names (IPv6 addresses in brackets) requests may give in ``Host``, at the listening
+    port (421 otherwise); own origins are ``http://`` these. ``max_running``: the most
+    runs trained at once (429 beyond).
     """
     if token is not None:
         check_token(token)
@@ -86,11 +76,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # Shutting down interrupts the runs without marking them: the next start
-        # resumes them from their last checkpoint.
         app.state.registry = RunRegistry(Path(data_dir), max_running)
         app.state.max_body_bytes = max_body_bytes
-        async with app.state.registry.open():
+        async with app.state.registry.open():  # leaving interrupts the runs: they resume
             yield
 
     middleware = [Middleware(SameSite, hosts={host.lower() for host in allowed_hosts})]
@@ -119,9 +107,13 @@ def create_app(
     )
 
 
-def error(status_code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """``{"error": message}`` with ``status_code``."""
-    return Response(orjson.dumps({"error": message}), status_code, headers, "application/json")
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status, headers, "application/json")
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """``{"error": message}`` with ``status``."""
+    return _json({"error": message}, status, headers)
 
 
 async def http_error(request: Request, refused: Exception) -> Response:
@@ -131,10 +123,6 @@ async def http_error(request: Request, refused: Exception) -> Response:
 
 def unauthorized(connection: HTTPConnection, refused: Exception) -> Response:
     return error(401, str(refused), {"WWW-Authenticate": "Bearer"})
-
-
-def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(content), status_code, media_type="application/json")
 
 
 class BearerToken(AuthenticationBackend):
@@ -199,8 +187,7 @@ async def cancel_run(request: Request) -> Response:
 
 
 async def run_events(request: Request) -> Response:
-    """``metrics`` and ``evaluation`` events (a point each) while the run trains, then
-    one ``end`` event."""
+    """``metrics`` and ``evaluation`` events (a point each), then one ``end`` event."""
     run = _registry(request).get(request.path_params["run_id"])
 
     async def events() -> AsyncIterator[dict[str, str]]:
@@ -213,7 +200,7 @@ async def run_events(request: Request) -> Response:
 
 
 async def model_file(request: Request) -> Response:
-    """A model the run saved: only names listed in its ``models`` (none holds a ``/``)."""
+    """A model the run saved: only names listed in its ``models``."""
     registry = _registry(request)
     run, name = registry.get(request.path_params["run_id"]), request.path_params["name"]
     if name not in run.models:
@@ -222,14 +209,10 @@ async def model_file(request: Request) -> Response:
 
 
 class SameSite:
-    """Refuses what a page of another site could send: a ``Host`` naming no host of the
-    service (421, naming it), and a request that changes runs (not GET, HEAD, OPTIONS)
-    from a foreign ``Origin`` (403). Requests without ``Origin`` (not from a browser) pass.
-
-    Written here, not taken from Starlette: its ``TrustedHostMiddleware`` answers a bare
-    400 and ignores the port, and none of its middlewares refuses by ``Origin``. A page
-    that rebinds its own name to this machine (DNS rebinding) is same-origin in the
-    browser's eyes, but its requests carry that name in ``Host``.
+    """Refuses a ``Host`` naming no host of the service (421, naming it) and a request
+    that changes runs (not GET, HEAD, OPTIONS) from a foreign ``Origin`` (403); requests
+    without ``Origin`` (not from a browser) pass. Not Starlette's ``TrustedHostMiddleware``:
+    it answers a bare 400, ignores the port, and does not look at ``Origin``.
     """
 
     def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
@@ -256,7 +239,7 @@ class SameSite:
 
     def _names_service(self, authority: str, scope: Scope) -> bool:
         """Whether ``authority`` (``name[:port]``, port 80 if none) is an allowed host at
-        the listening port (any port where the server says none: a Unix socket)."""
+        the listening port (any on a Unix socket)."""
         name, colon, port = authority.rpartition(":")
         if not colon or "]" in port:  # no port: "name" or "[v6 address]"
             name, port = authority, "80"

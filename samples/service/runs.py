@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from managers.files import write_atomically
-from samples.service.live_metrics import EVALUATION, LiveMetricsReleaseManager, read_points
+from samples.service.live_metrics import EVALUATION, LiveMetricsReleaseManager, Point, read_points
 from samples.service.training import RECORDED, RunConfig, train
 
 __all__ = ["DamagedIndexError", "DataDirectoryLockedError", "Record", "Run", "RunRegistry"]
@@ -37,8 +37,7 @@ logger = logging.getLogger(__name__)
 
 INDEX, LOCK_FILE, RUNS = "runs.json", "service.lock", "runs"
 RUNNING, FINISHED, CANCELLED, FAILED = "running", "finished", "cancelled", "failed"
-RETRY_AFTER_S = 30
-"""The ``Retry-After`` of a refused run, in seconds: runs last minutes, not seconds."""
+RETRY_AFTER_S = 30  # runs last minutes, not seconds
 _RUN_FILES_BYTES = 128  # room kept, under the system's longest path, for a run's files
 
 
@@ -51,14 +50,13 @@ class DamagedIndexError(ValueError):
 
 
 class Record(BaseModel):
-    """A run as ``runs.json`` keeps it; ``directory`` is relative to the data directory,
-    ``started`` and ``ended`` are Unix times."""
+    """A run as ``runs.json`` keeps it (``directory`` relative to the data directory)."""
 
     id: str
     config: RunConfig
     directory: str
-    status: str
-    error: str | None
+    status: str = RUNNING
+    error: str | None = None
     started: float | None = None
     ended: float | None = None
 
@@ -67,11 +65,8 @@ _INDEX = TypeAdapter(list[Record])
 
 
 class Run(Record):
-    """A run as this process knows it: also its metrics, saved models and training task.
-
-    ``pace`` is the (time, round) at which this process first showed the running run:
-    the estimate of the time left assumes the pace since then.
-    """
+    """A run as this process knows it: also its metrics, models and training task, and
+    the (time, round) it began training at in this process, for the estimate of the rest."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -85,13 +80,9 @@ class Run(Record):
         """What ``GET /runs`` shows of the run."""
         latest, held_out = self.live.latest(), self.live.latest(EVALUATION)
         round_num = latest["round"] if latest else 0
-        now = time.time()
-        if self.status != RUNNING:
-            self.pace = None
-        elif self.pace is None:
-            self.pace = (now, round_num)
-        since, first = self.pace or (now, round_num)
-        left = self.config.rounds - round_num
+        now, (since, first) = time.time(), self.pace or (0, round_num)
+        done = round_num - first if self.status == RUNNING else 0
+        eta = (now - since) * (self.config.rounds - round_num) / done if done > 0 else None
         return {
             "id": self.id,
             "status": self.status,
@@ -104,22 +95,19 @@ class Run(Record):
             "error": self.error,
             "config": self.config.model_dump(),
             "elapsed_s": None if self.started is None else (self.ended or now) - self.started,
-            "eta_s": (now - since) * left / (round_num - first) if round_num > first else None,
+            "eta_s": eta,
             "models": [f"/runs/{self.id}/models/{name}" for name in self.models],
         }
 
 
 class RunRegistry:
-    """The runs of one data directory, trained (at most ``max_running`` at once) while
-    :meth:`open` is entered."""
+    """The runs of one data directory, trained (``max_running`` at once) while open."""
 
     def __init__(self, data_dir: Path, max_running: int = 4) -> None:
         self.data_dir, self.root = data_dir, data_dir.resolve()
         self.max_running = max_running
-        self.runs: dict[str, Run] = {}
-        """Every run by id, oldest first."""
-        self.failure: str | None = None
-        """Why the registry can no longer write ``runs.json``, if it cannot."""
+        self.runs: dict[str, Run] = {}  # oldest first
+        self.failure: str | None = None  # why runs.json can no longer be written
         self._slots = anyio.CapacityLimiter(max_running)
         self._io = anyio.CapacityLimiter(1)  # the registry's file work
         self._index_lock = anyio.Lock()
@@ -129,7 +117,6 @@ class RunRegistry:
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self._io)
 
     def path(self, run: Run) -> Path:
-        """The directory ``run`` trains in."""
         return self.root / run.directory
 
     def get(self, run_id: str) -> Run:
@@ -141,19 +128,16 @@ class RunRegistry:
     @contextlib.asynccontextmanager
     async def open(self) -> AsyncIterator[None]:
         """Lock the data directory and resume the runs that had not ended; on leaving,
-        interrupt them (they resume at the next start) and unlock.
-
-        Raises:
-            DataDirectoryLockedError: another service holds the data directory.
-            DamagedIndexError: ``runs.json`` cannot be read as a record of runs.
-        """
+        interrupt them (they resume at the next open) and unlock."""
         lock = await self._thread(_lock, self.data_dir)
         try:
             records = await self._thread(read_index, self.data_dir)
             async with anyio.create_task_group() as self._task_group:
                 for record in records:
-                    history = await self._thread(_history, self.root / record.directory)
-                    run = Run(**dict(record), **history)
+                    *history, models = await self._thread(_history, self.root / record.directory)
+                    run = Run(
+                        **dict(record), live=LiveMetricsReleaseManager(*history), models=models
+                    )
                     self.runs[run.id] = run
                     if run.status == RUNNING:
                         logger.info("resuming run %s in %s", run.id, self.path(run))
@@ -181,12 +165,8 @@ class RunRegistry:
             )
 
     async def create(self, config: Any) -> Run:
-        """A new run of ``config`` (a ``RunConfig`` as JSON data), started in the background.
-
-        Refused: 422 (an invalid config; its directory is outside ``runs/`` or too long),
-        409 (another run uses the directory, or it exists already), 503 (the registry
-        cannot write ``runs.json``), 429 (``max_running`` runs are active).
-        """
+        """A new run of ``config`` (a ``RunConfig`` as JSON data), started in the background;
+        422, 409 (its directory), 503 (``failure``) or 429 (``max_running``) if refused."""
         try:
             config = RunConfig.model_validate(config)
         except ValidationError as error:
@@ -206,14 +186,7 @@ class RunRegistry:
             raise HTTPException(409, f"directory {config.directory!r} exists already")
         self._admit()  # no await from here to the insertion: concurrent requests see it
         directory = str(path.relative_to(self.root))
-        run = Run(
-            id=run_id,
-            config=config,
-            directory=directory,
-            status=RUNNING,
-            error=None,
-            started=time.time(),
-        )
+        run = Run(id=run_id, config=config, directory=directory, started=time.time())
         self.runs[run_id] = run
         try:
             await self._write_index()
@@ -225,11 +198,7 @@ class RunRegistry:
         return run
 
     async def cancel(self, run_id: str) -> Run:
-        """Cancel a running run and wait until it stopped; its checkpoints stay loadable.
-
-        Refused: 404 (no run has the id), 409 (the run has ended), 503 (the registry
-        cannot write ``runs.json``; the run goes on).
-        """
+        """Cancel a running run and wait until it stopped; its checkpoints stay loadable."""
         run = self.get(run_id)
         if run.status != RUNNING:
             raise HTTPException(409, f"run {run_id} is {run.status}, not running")
@@ -248,6 +217,7 @@ class RunRegistry:
         with anyio.CancelScope() as run.cancel_scope:
             try:
                 async with self._slots:
+                    run.pace = (time.time(), (run.live.latest() or {"round": 0})["round"])
                     await train(run.config, self.path(run), run.live)
             except Exception as error:
                 logger.exception("run %s failed", run.id)
@@ -265,7 +235,7 @@ class RunRegistry:
     async def _end(self, run: Run, status: str, error: str | None) -> None:
         # Its end time and models before its status: who sees it ended sees them.
         run.ended = time.time()
-        run.models = (await self._thread(_history, self.path(run)))["models"]
+        run.models = (await self._thread(_history, self.path(run)))[-1]
         run.status, run.error = status, error
 
     async def _write_index(self) -> None:
@@ -306,11 +276,7 @@ def _lock(data_dir: Path) -> int:
 
 
 def read_index(data_dir: Path) -> list[Record]:
-    """The runs ``runs.json`` in ``data_dir`` records (none without the file).
-
-    Raises:
-        DamagedIndexError: the file is not a list of run records.
-    """
+    """The runs ``runs.json`` in ``data_dir`` records; ``DamagedIndexError`` if it is not that."""
     path = data_dir / INDEX
     try:
         return _INDEX.validate_json(path.read_bytes(), context={RECORDED: True})
@@ -347,9 +313,7 @@ def confine(runs_dir: Path, directory: str) -> Path:
     return resolved
 
 
-def _history(directory: Path) -> dict[str, Any]:
-    """What a run's directory holds of it: its metrics (training and held-out) and models."""
-    live = LiveMetricsReleaseManager(
-        read_points(directory / "metrics.csv"), read_points(directory / "evaluation.csv")
-    )
-    return {"live": live, "models": sorted(path.name for path in directory.glob("models/*.model"))}
+def _history(directory: Path) -> tuple[list[Point], list[Point], list[str]]:
+    """A run's training and held-out metrics, and its models' names, from its directory."""
+    models = sorted(path.name for path in directory.glob("models/*.model"))
+    return read_points(directory / "metrics.csv"), read_points(directory / "evaluation.csv"), models
