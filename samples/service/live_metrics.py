@@ -1,8 +1,7 @@
-"""A release manager of our own: keeps a run's metrics and streams each new one to listeners.
+"""A release manager of our own: keeps a run's metrics and streams them to listeners.
 
-The example of "implement your own release manager": subclass
-:class:`managers.ReleaseManager`, write ``release(value, key)`` (and ``aclose`` if there
-is something to close), and hand an instance to ``train_model`` like any built-in one.
+Implementing your own: subclass :class:`managers.ReleaseManager`, write ``release(value,
+key)`` (and ``aclose``), and hand it to ``train_model`` like any built-in one.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ class LiveMetricsReleaseManager(ReleaseManager):
         self._changed = anyio.Event()
 
     async def stream(self) -> AsyncIterator[tuple[str, Point]]:
-        """``(kind, point)`` for each key in the order first released, until closed."""
+        """``(kind, point)`` of each key in the order first released, until closed."""
         sent = 0
         while True:
             changed, closed = self._changed, self._closed
@@ -105,18 +104,15 @@ def read_points(path: Path) -> list[Point]:
             rows = list(csv.DictReader(file))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    points = []
-    for row in rows:
-        if (key := row.pop("key", None) or "").isdigit():
-            metrics = {name: _number(text) for name, text in row.items()}
-            metrics = {name: number for name, number in metrics.items() if number is not None}
-            points.append({"round": int(key), "metrics": metrics})
-    return points
+    return [
+        {"round": int(row.pop("key")), "metrics": numbers({n: _float(t) for n, t in row.items()})}
+        for row in rows
+        if (row.get("key") or "").isdigit()
+    ]
 
 
-def _number(text: str | None) -> float | None:
+def _float(text: str | None) -> float:
     try:
-        number = float(text or "nan")
+        return float(text or "nan")
     except ValueError:
-        return None
-    return number if math.isfinite(number) else None
+        return math.nan

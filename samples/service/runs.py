@@ -1,12 +1,11 @@
-"""The service's training runs: started, listed, cancelled, and resumed after a restart.
+"""The service's runs: started, listed, cancelled, and resumed after a restart.
 
-Each run trains in a directory of its own under ``runs/`` in the data directory. Beside
-it the service keeps ``runs.json`` (every run's id, configuration, directory, status and
-times, rewritten atomically at each change) and ``service.lock``, flocked while the
-registry is open so that no second service resumes the runs twice. A run holds a model
-and a thread, so past ``max_running`` active runs a new one is refused (429), never
-queued; runs resumed beyond the cap wait for a slot. The registry's file work has a
-worker thread of its own: a request never waits behind TensorFlow.
+Each run trains in its own directory under ``runs/`` in the data directory. Beside it:
+``runs.json`` (the runs' ids, configurations, directories, statuses and times, rewritten
+atomically) and ``service.lock``, flocked while the registry is open: no second service
+resumes the runs twice. Past ``max_running`` active runs a new one is refused (429), not
+queued. The registry's file work has a worker thread of its own: no request waits
+behind TensorFlow.
 """
 
 from __future__ import annotations

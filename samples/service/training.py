@@ -1,10 +1,5 @@
-"""What a run of the service is and does: federated averaging on the handwritten digits.
-
-A :class:`RunConfig` is what clients send in ``POST /runs``. :func:`train` trains (or
-resumes) one run with ``train_model`` under a :class:`programlogic.FileRun` in the run's
-directory (``state/``, ``metrics.csv``, ``evaluation.csv``, ``models/``), evaluating on
-the held-out writers; :func:`load_training` loads what that needs before serving.
-"""
+"""What a run is (:class:`RunConfig`, sent in ``POST /runs``) and does (:func:`train`:
+federated averaging on the handwritten digits, in a :class:`programlogic.FileRun`)."""
 
 from __future__ import annotations
 
@@ -22,13 +17,11 @@ from samples.service.live_metrics import LiveMetricsReleaseManager
 __all__ = ["MAX_NAME_BYTES", "RECORDED", "SERVICE_FILES", "RunConfig", "load_training", "train"]
 
 TRAIN_CLIENTS = 10  # writers 0-9 of the digits train; 10-13 are held out
-SERVICE_FILES = ("runs.json", "service.lock")
-"""The service's own files in its data directory; no part of a run's directory is named so."""
-MAX_NAME_BYTES = 255
-"""The longest file name most file systems take, in bytes."""
+SERVICE_FILES = ("runs.json", "service.lock")  # no part of a run's directory is named so
+MAX_NAME_BYTES = 255  # the longest file name most file systems take
 RECORDED = "recorded"
 """The validation context of configurations read back from ``runs.json``: their directory
-was accepted when the run started, under the rules of the time, so it is not checked again."""
+was accepted when the run started, so it is not checked again."""
 
 
 def _refuse(rule: str, directory: str) -> NoReturn:
@@ -61,13 +54,9 @@ def check_run_directory(directory: str | None, info: ValidationInfo) -> str | No
 
 
 class RunConfig(BaseModel):
-    """Federated averaging on scikit-learn's handwritten digits, one client per writer.
-
-    Strict: unknown fields are refused (a typo never falls back to a default), and so
-    are values of the wrong type (``true`` is not a round count, ``"3"`` not a number).
-    The model is evaluated on the 4 held-out writers every ``eval_every`` rounds and
-    after the last. ``directory``: where the run keeps its files, relative to ``runs/``
-    in the service's data directory (default: the run's id).
+    """Federated averaging on the digits, one client per writer, evaluated on the 4
+    held-out writers every ``eval_every`` rounds. Strict: unknown fields and values of
+    the wrong type are refused. ``directory`` is relative to ``runs/`` (default: the id).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -87,11 +76,8 @@ class RunConfig(BaseModel):
 
 
 def load_training() -> None:
-    """Import TensorFlow, Keras and scikit-learn, and load the digits: before serving.
-
-    Loading an extension module holds the GIL for up to half a second, so even in a
-    worker thread it stalls the event loop; at startup no request waits.
-    """
+    """Import TensorFlow and load the digits before serving: loading an extension module
+    holds the GIL for up to half a second, stalling the event loop even from a thread."""
     import programlogic.learning  # noqa: F401  (imported to be loaded)
 
     _digits()
@@ -123,13 +109,8 @@ def _build(config: RunConfig) -> tuple[Any, Any]:
     return process, build_fed_eval(model_fn, train_process=process)
 
 
-async def train(
-    config: RunConfig,
-    directory: Path,
-    live: LiveMetricsReleaseManager,
-) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, releasing its metrics to
-    ``live``."""
+async def train(config: RunConfig, directory: Path, live: LiveMetricsReleaseManager) -> None:
+    """Train (or resume) the run of ``config`` in ``directory``, its metrics to ``live``."""
     process, evaluation = await anyio.to_thread.run_sync(_build, config)
     held_out = FileRunEvaluation(
         evaluation, _digits().test, cohort_size=4, metrics_managers=[live.evaluation]
