@@ -224,13 +224,10 @@ class SameSite:
             if not self._names_service(host, scope):
                 message = f"the Host header {host!r} does not name this service"
                 return await error(421, message if host else "no Host header")(scope, receive, send)
-            if (
-                origin
-                and scope["method"] not in ("GET", "HEAD", "OPTIONS")
-                and not (
-                    scheme.lower() == scope["scheme"] and self._names_service(authority, scope)
-                )
-            ):
+            own = scheme.lower() == scope.get("scheme", "http") and self._names_service(
+                authority, scope
+            )
+            if origin and not own and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
                 message = f"requests from the origin {origin!r} may not change runs"
                 return await error(403, message)(scope, receive, send)
         await self.app(scope, receive, send)
