@@ -1,20 +1,11 @@
 """Serve the sample training service with uvicorn.
 
-    python -m samples.service [--data-dir runs/service] [--host 127.0.0.1] [--port 8000]
-        [--allowed-host NAME ...] [--max-running 4] [--shutdown-grace 5]
-
-It listens on 127.0.0.1 unless told otherwise. On any other address it needs a bearer
-token, read from the environment variable PROGRAMLOGIC_SERVICE_TOKEN (at least 16
-printable ASCII characters, no whitespace); on loopback the token is optional and
-enforced when set. Requests must name the service in their Host header: on loopback
-localhost, 127.0.0.1 or [::1]; elsewhere the listening address or a name given with
---allowed-host (repeatable; needed when listening on every address, 0.0.0.0 or ::).
-At most --max-running runs train at once; more are refused with 429. SIGTERM or
-Ctrl-C stops it: the runs are cancelled, keep their checkpoints and resume at the next
-start; work that cannot be interrupted (a model build, a compiled TensorFlow step) gets
---shutdown-grace seconds from the signal, then the process ends anyway (exit status
-128 + the signal). One service at a time per data directory: a second one on the same
-directory refuses to start.
+On 127.0.0.1 (the default) the bearer token in $PROGRAMLOGIC_SERVICE_TOKEN is optional;
+on any other address it is needed. Requests must name the service in Host: on loopback
+localhost, 127.0.0.1 or [::1]; elsewhere the address or an --allowed-host (needed on
+0.0.0.0 or ::). SIGTERM or Ctrl-C cancels the runs, which resume at the next start; what
+cannot be interrupted gets --shutdown-grace seconds, then the process ends (128 + the
+signal). A second service on the same data directory refuses to start.
 """
 
 from __future__ import annotations
@@ -33,12 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports Te
 import uvicorn
 
 from samples.service.app import LOOPBACK_HOSTS, check_token, create_app
-from samples.service.runs import (
-    DamagedIndexError,
-    DataDirectoryLockedError,
-    check_unlocked,
-    read_index,
-)
+from samples.service.runs import DamagedIndexError, DataDirectoryLockedError, check_data_dir
 from samples.service.training import load_training
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
@@ -49,12 +35,9 @@ logger = logging.getLogger("samples.service")
 def prepare_process() -> None:
     """Load what training needs and tune the garbage collector, before serving.
 
-    A full garbage collection holds the GIL, so it stalls the event loop whichever
-    thread starts it: 0.4-1 s each were measured while runs started on a loaded
-    machine, walking the ~400,000 objects of TensorFlow and Keras. Loaded first and
-    frozen, those are out of its sight; and full collections come at most every 100
-    (not 10) collections of the middle generation, while tracing makes many
-    long-lived objects.
+    A full collection holds the GIL and stalls the event loop (0.4-1 s were measured
+    walking TensorFlow's and Keras's objects on a loaded machine): loaded first and
+    frozen, those are out of its sight, and full collections come 10 times rarer.
     """
     load_training()
     gc.freeze()
@@ -81,12 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="NAME",
+        "--allowed-host", action="append", default=[], metavar="NAME",
         help="a name clients reach the service by (in Host); repeatable",
-    )
+    )  # fmt: skip
     parser.add_argument("--max-running", type=int, default=4, metavar="N")
     parser.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     arguments = parser.parse_args(argv)
@@ -103,13 +83,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(
             f"listening on {arguments.host} needs --allowed-host NAME: the names clients use"
         )
-    if arguments.max_running < 1:
-        parser.error("--max-running must be at least 1")
-    if arguments.shutdown_grace < 0:
-        parser.error("--shutdown-grace must not be negative")
+    if arguments.max_running < 1 or arguments.shutdown_grace < 0:
+        parser.error("--max-running must be at least 1, --shutdown-grace not negative")
     try:
-        check_unlocked(arguments.data_dir)
-        read_index(arguments.data_dir)
+        check_data_dir(arguments.data_dir)
     except (DataDirectoryLockedError, DamagedIndexError) as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
 
@@ -118,13 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(
         arguments.data_dir, token=token, allowed_hosts=hosts, max_running=arguments.max_running
     )
+    # Open event streams get a second at a stop; then the runs are cancelled.
+    grace = min(1.0, arguments.shutdown_grace)
     config = uvicorn.Config(
-        app,
-        host=arguments.host,
-        port=arguments.port,
-        log_level="info",
-        # Open event streams get a second; then the runs are cancelled.
-        timeout_graceful_shutdown=min(1.0, arguments.shutdown_grace),
+        app, arguments.host, arguments.port, log_level="info", timeout_graceful_shutdown=grace
     )
     _GracefulServer(config, arguments.shutdown_grace).run()
 
@@ -134,8 +108,7 @@ class _GracefulServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, grace: float) -> None:
         super().__init__(config)
-        self.grace = grace
-        self.timer: threading.Timer | None = None
+        self.grace, self.timer = grace, None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
@@ -145,12 +118,7 @@ class _GracefulServer(uvicorn.Server):
             self.timer.start()
 
     def _end(self, sig: int) -> None:
-        logger.warning(
-            "still stopping %.1f s after signal %d: work that cannot be interrupted is left; "
-            "ending the process (its runs resume from their last checkpoints)",
-            self.grace,
-            sig,
-        )
+        logger.warning("still stopping %.1f s after signal %d: ending the process", self.grace, sig)
         logging.shutdown()
         os._exit(128 + sig)
 

@@ -1,22 +1,14 @@
 """The HTTP API of the training service, a Starlette application.
 
-    GET    /                       the status page: runs, curves, settings, time left
-    GET    /health                 {"status": "ok", "running": N}; needs no token; 503 and
-                                   {"status": "failed", "error": ...} if the registry failed
-    POST   /runs                   start a run from a JSON RunConfig -> 201 and the run
-    GET    /runs                   every run: status, round, latest metrics, settings, times
-    GET    /runs/{id}              one run
-    GET    /runs/{id}/events       its metrics as server-sent events, past ones first
-    GET    /runs/{id}/models/{name}  a model file the run saved
-    DELETE /runs/{id}              cancel it; it stops within a round, checkpoints intact
+    GET /  the status page            GET /health  {"status": "ok", "running": N}, no token
+    POST /runs  start a run (JSON)    GET /runs, GET /runs/{id}  runs: status, metrics, times
+    DELETE /runs/{id}  cancel it      GET /runs/{id}/events  its metrics as server-sent events
+    GET /runs/{id}/models/{name}  a model file it saved
 
-Errors are ``{"error": "one line"}`` with a 4xx status. With a token, every route but
-``/`` and ``/health`` needs ``Authorization: Bearer <token>`` (Starlette's
-``AuthenticationMiddleware``). What a web page on another site could make a browser
-send is refused: a ``Host`` header that does not name the service (421: DNS
-rebinding), a POST or DELETE from a foreign ``Origin`` (403), a body not declared
-``application/json`` (415: such a cross-site request needs no CORS preflight). Bodies
-over ``max_body_bytes`` get 413; beyond ``max_running`` active runs, ``POST /runs`` 429.
+Errors are ``{"error": "one line"}``. With a token, all but ``/`` and ``/health`` need
+``Authorization: Bearer <token>``. Refused, as a page of another site could send them: a
+``Host`` not naming the service (421: DNS rebinding), a POST or DELETE from a foreign
+``Origin`` (403), a body not declared JSON (415: it would need no CORS preflight).
 """
 
 from __future__ import annotations
@@ -28,12 +20,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import anyio
 import orjson
-from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.authentication import AuthenticationBackend, AuthenticationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -42,14 +33,11 @@ from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from samples.service.live_metrics import stream_points
-from samples.service.runs import Refused, RunRegistry
-from samples.service.training import RunConfig
+from samples.service.runs import RunRegistry
 
 __all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "check_token", "create_app"]
 
-MAX_BODY_BYTES = 16 * 1024
-"""The largest request body accepted; a run's configuration is a few hundred bytes."""
+MAX_BODY_BYTES = 16 * 1024  # a run's configuration is a few hundred bytes
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 """The names a service listening on loopback answers to, in ``Host`` and ``Origin``."""
 
@@ -73,13 +61,12 @@ def create_app(
     max_running: int = 4,
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> Starlette:
-    """The service over ``data_dir``: its runs start, and unfinished ones resume, at startup.
+    """The service over ``data_dir``, its unfinished runs resumed at startup.
 
-    ``token``: when given, requests need it as a bearer token (401 otherwise); see
-    :func:`check_token`. ``allowed_hosts``: the host names (IPv6 addresses in brackets)
-    that requests may name in ``Host``, at the port the service listens on (421
-    otherwise); own origins are ``http://`` these. ``max_running``: the most runs
-    trained at once.
+    ``token``: the bearer token requests need (401 otherwise). ``allowed_hosts``: the
+    names (IPv6 addresses in brackets) requests may give in ``Host``, at the listening
+    port (421 otherwise); own origins are ``http://`` these. ``max_running``: the most
+    runs trained at once (429 beyond).
     """
     if token is not None:
         check_token(token)
@@ -89,21 +76,15 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        registry = RunRegistry(Path(data_dir), max_running)
-        async with anyio.create_task_group() as task_group:
-            await registry.open(task_group)
-            app.state.registry, app.state.max_body_bytes = registry, max_body_bytes
-            try:
-                yield
-            finally:
-                # Shutting down interrupts the runs without marking them: the next start
-                # resumes them from their last checkpoint.
-                task_group.cancel_scope.cancel()
+        app.state.registry = RunRegistry(Path(data_dir), max_running)
+        app.state.max_body_bytes = max_body_bytes
+        async with app.state.registry.open():  # leaving interrupts the runs: they resume
+            yield
 
-    middleware = [Middleware(SameSite, hosts=frozenset(host.lower() for host in allowed_hosts))]
+    middleware = [Middleware(SameSite, hosts={host.lower() for host in allowed_hosts})]
     if token is not None:
         middleware.append(
-            Middleware(AuthenticationMiddleware, backend=BearerToken(token), on_error=_unauthorized)
+            Middleware(AuthenticationMiddleware, backend=BearerToken(token), on_error=unauthorized)
         )
 
     async def status_page(request: Request) -> Response:
@@ -121,33 +102,27 @@ def create_app(
             Route("/runs/{run_id}/models/{name}", model_file),
         ],
         middleware=middleware,
-        exception_handlers={HTTPException: _http_error, Refused: _refused},
+        exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
 
 
-def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(content), status_code, media_type="application/json")
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(content), status, headers, "application/json")
 
 
-def _error(status_code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    response = _json({"error": message}, status_code)
-    response.headers.update(headers or {})
-    return response
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """``{"error": message}`` with ``status``."""
+    return _json({"error": message}, status, headers)
 
 
-async def _http_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, HTTPException)
-    return _error(error.status_code, error.detail)
+async def http_error(request: Request, refused: Exception) -> Response:
+    assert isinstance(refused, HTTPException)
+    return error(refused.status_code, refused.detail, refused.headers)
 
 
-async def _refused(request: Request, error: Exception) -> Response:
-    assert isinstance(error, Refused)
-    return _error(error.status, str(error), error.headers)
-
-
-def _unauthorized(connection: HTTPConnection, error: Exception) -> Response:
-    return _error(401, str(error), {"WWW-Authenticate": "Bearer"})
+def unauthorized(connection: HTTPConnection, refused: Exception) -> Response:
+    return error(401, str(refused), {"WWW-Authenticate": "Bearer"})
 
 
 class BearerToken(AuthenticationBackend):
@@ -172,100 +147,70 @@ async def health(request: Request) -> Response:
     registry = _registry(request)
     if registry.failure is not None:
         return _json({"status": "failed", "error": registry.failure}, 503)
-    return _json({"status": "ok", "running": sum(run.status == "running" for run in registry.runs)})
+    running = sum(run.status == "running" for run in registry.runs.values())
+    return _json({"status": "ok", "running": running})
 
 
 async def list_runs(request: Request) -> Response:
-    registry = _registry(request)
-    return _json({"runs": [run.summary(registry.data_dir) for run in registry.runs]})
+    return _json({"runs": [run.summary() for run in _registry(request).runs.values()]})
 
 
-async def _body(request: Request) -> bytes:
-    """The request's body; refused with 415 if not declared JSON, 413 if too large."""
+async def start_run(request: Request) -> Response:
     declared = request.headers.get("content-type", "")
     if declared.partition(";")[0].strip().lower() != "application/json":
         got = repr(declared) if declared else "none"
-        raise Refused(415, f"Content-Type must be application/json, got {got}")
+        return error(415, f"Content-Type must be application/json, got {got}")
     limit = request.app.state.max_body_bytes
-    too_large = Refused(413, f"the request body is over {limit} bytes")
-    if int(request.headers.get("content-length", "0") or "0") > limit:
-        raise too_large
+    too_large = error(413, f"the request body is over {limit} bytes")
     body = b""
     async for chunk in request.stream():  # without Content-Length, what arrives counts
         body += chunk
         if len(body) > limit:
-            raise too_large
-    return body
-
-
-async def start_run(request: Request) -> Response:
+            return too_large
     try:
-        config = orjson.loads(await _body(request))
-    except orjson.JSONDecodeError as error:
-        return _error(400, f"the request body is not valid JSON: {error}")
+        config = orjson.loads(body)
+    except orjson.JSONDecodeError as invalid:
+        return error(400, f"the request body is not valid JSON: {invalid}")
     if not isinstance(config, dict):
-        return _error(400, f"the request body must be a JSON object, got {type(config).__name__}")
-    try:
-        config = RunConfig.model_validate(config)
-    except ValidationError as error:
-        return _error(422, _one_line(error))
-    registry = _registry(request)
-    run = await registry.create(config)
-    return _json(run.summary(registry.data_dir), 201)
+        return error(400, f"the request body must be a JSON object, got {type(config).__name__}")
+    return _json((await _registry(request).create(config)).summary(), 201)
 
 
 async def get_run(request: Request) -> Response:
-    registry = _registry(request)
-    return _json(registry.get(request.path_params["run_id"]).summary(registry.data_dir))
+    return _json(_registry(request).get(request.path_params["run_id"]).summary())
 
 
 async def cancel_run(request: Request) -> Response:
-    registry = _registry(request)
-    run = await registry.cancel(request.path_params["run_id"])
-    return _json(run.summary(registry.data_dir))
+    return _json((await _registry(request).cancel(request.path_params["run_id"])).summary())
 
 
 async def run_events(request: Request) -> Response:
-    """``metrics`` and ``evaluation`` events (a point each) while the run trains, then
-    one ``end`` event."""
-    registry = _registry(request)
-    run = registry.get(request.path_params["run_id"])
+    """``metrics`` and ``evaluation`` events (a point each), then one ``end`` event."""
+    run = _registry(request).get(request.path_params["run_id"])
 
     async def events() -> AsyncIterator[dict[str, str]]:
-        async for kind, point in stream_points(run.live):
+        async for kind, point in run.live.stream():
             yield {"event": kind, "data": orjson.dumps(point).decode()}
         await run.done.wait()
-        yield {"event": "end", "data": orjson.dumps(run.summary(registry.data_dir)).decode()}
+        yield {"event": "end", "data": orjson.dumps(run.summary()).decode()}
 
     return EventSourceResponse(events(), ping=15)
 
 
 async def model_file(request: Request) -> Response:
-    """A model the run saved: only names listed in its ``models`` (none holds a ``/``)."""
-    run = _registry(request).get(request.path_params["run_id"])
-    name = request.path_params["name"]
+    """A model the run saved: only names listed in its ``models``."""
+    registry = _registry(request)
+    run, name = registry.get(request.path_params["run_id"]), request.path_params["name"]
     if name not in run.models:
-        return _error(404, f"run {run.id} has no model {name!r}")
-    return FileResponse(run.directory / "models" / name, filename=name)
-
-
-def _one_line(error: ValidationError) -> str:
-    """Pydantic's errors as ``field: message`` pairs on one line."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in detail['loc']) or 'body'}: {detail['msg']}"
-        for detail in error.errors(include_url=False)
-    )
+        return error(404, f"run {run.id} has no model {name!r}")
+    return FileResponse(registry.path(run) / "models" / name, filename=name)
 
 
 class SameSite:
-    """Refuses what a page of another site could send: a ``Host`` naming no host of the
-    service (421, naming it), and a request that changes runs (not GET, HEAD, OPTIONS)
-    from a foreign ``Origin`` (403). Requests without ``Origin`` (not from a browser) pass.
-
-    Written here, not taken from Starlette: its ``TrustedHostMiddleware`` answers a bare
-    400 and ignores the port, and none of its middlewares refuses by ``Origin``. A page
-    that rebinds its own name to this machine (DNS rebinding) is same-origin in the
-    browser's eyes, but its requests carry that name in ``Host``.
+    """Refuses a ``Host`` naming no host of the service (421, naming it) and a request
+    that changes runs (not GET, HEAD, OPTIONS) from a foreign ``Origin`` (403); requests
+    without ``Origin`` (not from a browser) pass. Not Starlette's ``TrustedHostMiddleware``:
+    it answers a bare 400, ignores the port, and does not look at ``Origin``.
     """
 
     def __init__(self, app: ASGIApp, hosts: Collection[str]) -> None:
@@ -273,35 +218,29 @@ class SameSite:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = {key: value.decode("latin-1") for key, value in scope["headers"]}
-            host, origin = headers.get(b"host", ""), headers.get(b"origin", "")
-            scheme, separator, authority = origin.partition("://")
+            headers = Headers(scope=scope)
+            host, origin = headers.get("host", ""), headers.get("origin", "")
+            scheme, _, authority = origin.partition("://")
             if not self._names_service(host, scope):
                 message = f"the Host header {host!r} does not name this service"
-                await _error(421, message if host else "no Host header")(scope, receive, send)
-                return
-            if scope["method"] not in ("GET", "HEAD", "OPTIONS") and not (
-                not origin
-                or (
-                    separator
-                    and scheme.lower() == scope.get("scheme", "http")
-                    and self._names_service(authority, scope)
-                )
-            ):
+                return await error(421, message if host else "no Host header")(scope, receive, send)
+            own = scheme.lower() == scope.get("scheme", "http") and self._names_service(
+                authority, scope
+            )
+            if origin and not own and scope["method"] not in ("GET", "HEAD", "OPTIONS"):
                 message = f"requests from the origin {origin!r} may not change runs"
-                await _error(403, message)(scope, receive, send)
-                return
+                return await error(403, message)(scope, receive, send)
         await self.app(scope, receive, send)
 
     def _names_service(self, authority: str, scope: Scope) -> bool:
         """Whether ``authority`` (``name[:port]``, port 80 if none) is an allowed host at
-        the listening port (any port where the server says none: a Unix socket)."""
-        if authority.rfind(":") > authority.rfind("]"):
-            name, _, port = authority.rpartition(":")
-        else:
+        the listening port (any on a Unix socket)."""
+        name, colon, port = authority.rpartition(":")
+        if not colon or "]" in port:  # no port: "name" or "[v6 address]"
             name, port = authority, "80"
-        if not port.isdigit():
-            return False
-        server = scope.get("server")
-        listening = server[1] if server and server[1] is not None else int(port)
-        return name.lower() in self.hosts and int(port) == listening
+        listening = (scope.get("server") or (None, None))[1]
+        return (
+            port.isdigit()
+            and name.lower() in self.hosts
+            and (listening is None or int(port) == listening)
+        )

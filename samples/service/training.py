@@ -1,10 +1,5 @@
-"""What a run of the service is and does: federated averaging on the handwritten digits.
-
-A :class:`RunConfig` is what clients send in ``POST /runs``. :func:`train` trains (or
-resumes) one run with ``train_model`` under a :class:`programlogic.FileRun` in the run's
-directory (``state/``, ``metrics.csv``, ``evaluation.csv``, ``models/``), evaluating on
-the held-out writers; :func:`load_training` loads what that needs before serving.
-"""
+"""What a run is (:class:`RunConfig`, sent in ``POST /runs``) and does (:func:`train`:
+federated averaging on the handwritten digits, in a :class:`programlogic.FileRun`)."""
 
 from __future__ import annotations
 
@@ -12,7 +7,6 @@ import functools
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
-import anyio
 import anyio.to_thread
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -23,58 +17,46 @@ from samples.service.live_metrics import LiveMetricsReleaseManager
 __all__ = ["MAX_NAME_BYTES", "RECORDED", "SERVICE_FILES", "RunConfig", "load_training", "train"]
 
 TRAIN_CLIENTS = 10  # writers 0-9 of the digits train; 10-13 are held out
-SERVICE_FILES = ("runs.json", "service.lock")
-"""The service's own files in its data directory; no part of a run's directory is named so."""
-MAX_NAME_BYTES = 255
-"""The longest file name most file systems take, in bytes."""
+SERVICE_FILES = ("runs.json", "service.lock")  # no part of a run's directory is named so
+MAX_NAME_BYTES = 255  # the longest file name most file systems take
 RECORDED = "recorded"
 """The validation context of configurations read back from ``runs.json``: their directory
-was accepted when the run started, under the rules of the time, so it is not checked again."""
+was accepted when the run started, so it is not checked again."""
 
 
 def _refuse(rule: str, directory: str) -> NoReturn:
-    # A custom error type keeps pydantic from prefixing the message with "Value error, ".
+    # A custom error type: pydantic puts no "Value error, " before the message.
     raise PydanticCustomError(
         "run_directory", "{rule}, got {value}", {"rule": rule, "value": repr(directory)}
     )
 
 
 def check_run_directory(directory: str | None, info: ValidationInfo) -> str | None:
-    """``directory`` if a run may have it: no control characters, empty or hidden parts
-    (which refuses ``.`` and ``..``), parts named after the service's files, or parts
-    over :data:`MAX_NAME_BYTES` bytes in UTF-8; a pydantic error naming it otherwise."""
+    """``directory`` if a run may have it, else a pydantic error naming the rule it breaks."""
     if directory is None or (info.context or {}).get(RECORDED):
         return directory
     parts = directory.split("/")
-    if any(ord(character) < 32 or ord(character) == 127 for character in directory):
-        _refuse("directory must not contain control characters", directory)
-    if Path(directory).is_absolute():
-        _refuse("directory must be relative to the runs directory", directory)
-    if "" in parts:
-        _refuse("directory must not have an empty part", directory)
-    if any(part.startswith(".") for part in parts):
-        _refuse("directory must not have a hidden part (starting with '.')", directory)
-    for own in SERVICE_FILES:
-        if any(part.startswith(own) for part in parts):
-            _refuse(f"directory must not be named after the service's file {own}", directory)
     longest = max(len(part.encode()) for part in parts)
+    named = next((own for own in SERVICE_FILES for part in parts if part.startswith(own)), None)
+    for broken, rule in [
+        (any(ord(c) < 32 or ord(c) == 127 for c in directory), "not contain control characters"),
+        (directory.startswith("/"), "be relative to the runs directory"),
+        ("" in parts, "not have an empty part"),
+        (any(part.startswith(".") for part in parts), "not have a hidden part (starting with '.')"),
+        (named is not None, f"not be named after the service's file {named}"),
+    ]:
+        if broken:
+            _refuse(f"directory must {rule}", directory)
     if longest > MAX_NAME_BYTES:
-        _refuse(
-            f"each part of directory must be at most {MAX_NAME_BYTES} bytes in UTF-8 "
-            f"(one has {longest})",
-            directory,
-        )
+        rule = f"each part of directory must be at most {MAX_NAME_BYTES} bytes in UTF-8"
+        _refuse(f"{rule} (one has {longest})", directory)
     return directory
 
 
 class RunConfig(BaseModel):
-    """Federated averaging on scikit-learn's handwritten digits, one client per writer.
-
-    Unknown fields are refused, so a typo never silently falls back to a default; values
-    are strict (``true`` is not a round count, ``"3"`` is not a number). The model is
-    evaluated on the 4 held-out writers every ``eval_every`` rounds and after the last.
-    ``directory`` is where the run keeps its files, relative to the ``runs/`` directory
-    of the service's data directory (default: the run's id).
+    """Federated averaging on the digits, one client per writer, evaluated on the 4
+    held-out writers every ``eval_every`` rounds. Strict: unknown fields and values of
+    the wrong type are refused. ``directory`` is relative to ``runs/`` (default: the id).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -94,12 +76,9 @@ class RunConfig(BaseModel):
 
 
 def load_training() -> None:
-    """Import TensorFlow, Keras and scikit-learn, and load the digits: before serving.
-
-    Loading an extension module holds the GIL for up to half a second at a time, so
-    in a worker thread it still stalls the event loop; at startup no request waits.
-    """
-    import programlogic.learning  # noqa: F401  (imported for its side effect: loaded)
+    """Import TensorFlow and load the digits before serving: loading an extension module
+    holds the GIL for up to half a second, stalling the event loop even from a thread."""
+    import programlogic.learning  # noqa: F401  (imported to be loaded)
 
     _digits()
 
@@ -118,30 +97,21 @@ def _build(config: RunConfig) -> tuple[Any, Any]:
 
     data = _digits()
     model_fn = functools.partial(build_model, config.model, data.feature_shape, data.num_classes)
-    preprocess = Preprocessing(
-        epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
-    )
     process = build_weighted_fed_avg(
         model_fn,
         sgd(config.client_lr),
         sgd(config.server_lr),
-        preprocess=preprocess,
+        preprocess=Preprocessing(
+            epochs=config.epochs, batch_size=config.batch_size, shuffle_buffer=100
+        ),
         seed=config.seed,
     )
     return process, build_fed_eval(model_fn, train_process=process)
 
 
-async def train(
-    config: RunConfig,
-    directory: Path,
-    live: LiveMetricsReleaseManager,
-    *,
-    build_limiter: anyio.CapacityLimiter | None = None,
-) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, releasing metrics to ``live``
-    (held-out ones to ``live.evaluation``). The model is built on a worker thread of
-    ``build_limiter`` (default: anyio's)."""
-    process, evaluation = await anyio.to_thread.run_sync(_build, config, limiter=build_limiter)
+async def train(config: RunConfig, directory: Path, live: LiveMetricsReleaseManager) -> None:
+    """Train (or resume) the run of ``config`` in ``directory``, its metrics to ``live``."""
+    process, evaluation = await anyio.to_thread.run_sync(_build, config)
     held_out = FileRunEvaluation(
         evaluation, _digits().test, cohort_size=4, metrics_managers=[live.evaluation]
     )

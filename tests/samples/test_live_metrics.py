@@ -3,13 +3,13 @@
 import anyio
 import pytest
 
-from samples.service.live_metrics import LiveMetricsReleaseManager, stream_points
+from samples.service.live_metrics import LiveMetricsReleaseManager
 
 pytestmark = pytest.mark.anyio
 
 
 async def collect(manager: LiveMetricsReleaseManager, into: list) -> None:
-    async for kind, point in stream_points(manager):
+    async for kind, point in manager.stream():
         into.append((kind, point))
 
 
@@ -43,6 +43,7 @@ async def test_held_out_points_stream_beside_the_training_ones_as_their_own_kind
         await anyio.wait_all_tasks_blocked()
         await manager.release({"loss": 0.3, "note": "text"}, 2)
         await manager.evaluation.release({"acc": 0.75}, 2)
+        await anyio.wait_all_tasks_blocked()  # streamed before it is released again
         await manager.evaluation.release({"acc": 0.8}, 2)  # replayed: kept, not streamed
         await manager.aclose()
     assert streamed == [
