@@ -21,9 +21,10 @@ vectors help), without fused multiply-adds, with its own ``exp`` and ``log`` in 
 precision from IEEE-754's basic operations, so that it gives the same bits on any CPU:
 a local step of the tutorial's 10-client round took 53 us against the default build's
 22-24 us and the traced update's 78 us (``python bench/fedavg_step_cost.py --clients 10
---client-update portable``, 2026-12-07). With the :class:`~programlogic.learning.aggregators.Mean` aggregator the
-group's deltas are summed here too (the portable update in client order, one client at
-a time); another aggregator folds them with XLA, whose bits may differ across CPU types.
+--client-update portable``, 2026-12-07). With the
+:class:`~programlogic.learning.aggregators.Mean` aggregator the group's deltas are
+summed here too (the portable update in client order, one client at a time); another
+aggregator folds them with XLA, whose bits may differ across CPU types.
 """
 
 from __future__ import annotations

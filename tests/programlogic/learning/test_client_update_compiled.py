@@ -45,27 +45,6 @@ def logits_model() -> keras.Model:
     return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(CLASSES)])
 
 
-def regularized_model() -> keras.Model:
-    return keras.Sequential(
-        [
-            keras.Input((FEATURES,)),
-            keras.layers.Dense(CLASSES, kernel_regularizer="l2"),
-            keras.layers.Softmax(),
-        ]
-    )
-
-
-def channels_first_model() -> keras.Model:
-    return keras.Sequential(
-        [
-            keras.Input((2, FEATURES // 2, 1)),
-            keras.layers.Flatten(data_format="channels_first"),
-            keras.layers.Dense(CLASSES),
-            keras.layers.Softmax(),
-        ]
-    )
-
-
 MODELS = {
     "softmax layer": (softmax_model, None),
     "softmax activation": (softmax_activation_model, None),
