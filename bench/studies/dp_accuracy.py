@@ -1,4 +1,5 @@
-"""The README's DP table: held-out accuracy against epsilon on Fashion-MNIST, 1,000 clients.
+"""The DP table of the docs' performance page: held-out accuracy against epsilon on
+Fashion-MNIST, 1,000 clients.
 
 Fashion-MNIST (Debian's ``dataset-fashion-mnist``) split into ``--clients`` training
 clients (default 1,000) by Dirichlet label skew (``--alpha``, default 1.0); each round

@@ -1,4 +1,5 @@
-"""The README's epsilon table: programlogic.privacy next to dp-accounting called directly.
+"""The epsilon table of the docs' privacy guide: programlogic.privacy next to dp-accounting
+called directly.
 
 Prints two Markdown tables: epsilon after 100/500/1000 rounds for a few (N, k, z)
 settings, ours and dp-accounting's (each asked for once, so computed from scratch, with

@@ -1,5 +1,5 @@
 """Every program-state manager of the library held to the contract suite, at the
-retention settings the README shows: each declares its retention, and the suite expects
+retention settings the docs show: each declares its retention, and the suite expects
 the versions it keeps with no override."""
 
 from __future__ import annotations
