@@ -3,9 +3,10 @@
 A page's ``python`` and ``bash`` blocks run in order, in one process per page, in a
 fresh working directory that holds links to the repository's ``samples/`` and
 ``bench/`` (so commands written from the repository root run as written); Python
-blocks share one namespace. A ``text`` block titled ``Output`` right after a block
-that runs is what that block prints: the test compares it with doctest's rules
-(``...`` stands for any text, runs of whitespace are equal). Other blocks (``text``,
+blocks share one namespace and import the modules that ``file`` blocks wrote there. A
+``text`` block titled ``Output`` right after a block that runs is what that block
+prints: the test compares it with doctest's rules (``...`` stands for any text, runs of
+whitespace are equal). Other blocks (``text``,
 ``toml``, ``json``) are shown, not run.
 
 An HTML comment on the line before a block changes what is done with it:

@@ -49,6 +49,7 @@ def _shell(command: list[str], where: str) -> str:
 def main() -> None:
     blocks_file, result_file = sys.argv[1:]
     blocks = json.loads(Path(blocks_file).read_text())
+    sys.path[0] = os.getcwd()  # as `python` started in the page's directory: its files import
     namespace = {"__name__": "__main__"}
     results = []
     for index, block in enumerate(blocks):

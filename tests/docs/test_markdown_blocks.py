@@ -72,3 +72,13 @@ async def test_a_needs_block_runs_only_for_its_need(tmp_path):
         directory.mkdir()
         assert run_page(path, need, directory) == []
         assert (directory / "b").exists() == (need == "ray") and (directory / "a").exists()
+
+
+async def test_python_blocks_import_what_file_blocks_wrote(tmp_path):
+    text = (
+        "<!-- docs: file helper.py -->\n'''python\nVALUE = 7\n'''\n"
+        "'''python\nimport helper\nprint(helper.VALUE)\n'''\n'''text title=\"Output\"\n7\n'''\n"
+    )
+    directory = tmp_path / "run"
+    directory.mkdir()
+    assert run_page(page(tmp_path, text), None, directory) == []
