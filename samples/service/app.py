@@ -227,12 +227,8 @@ class SameSite:
     def _names_service(self, authority: str, scope: Scope) -> bool:
         """Whether ``authority`` (``name[:port]``, port 80 if none) is an allowed host at
         the listening port (any on a Unix socket)."""
-        name, colon, port = authority.rpartition(":")
+        name, colon, port = authority.lower().rpartition(":")
         if not colon or "]" in port:  # no port: "name" or "[v6 address]"
-            name, port = authority, "80"
+            name, port = authority.lower(), "80"
         listening = (scope.get("server") or (None, None))[1]
-        return (
-            port.isdigit()
-            and name.lower() in self.hosts
-            and (listening is None or int(port) == listening)
-        )
+        return name in self.hosts and port == str(listening or port)
