@@ -24,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports Te
 import uvicorn
 
 from samples.service.app import LOOPBACK_HOSTS, check_token, create_app
-from samples.service.runs import DamagedIndexError, DataDirectoryLockedError, check_data_dir
+from samples.service.runs import DataDirectoryError
 from samples.service.training import load_training
 
 TOKEN_VARIABLE = "PROGRAMLOGIC_SERVICE_TOKEN"
@@ -85,16 +85,15 @@ def main(argv: list[str] | None = None) -> None:
         )
     if arguments.max_running < 1 or arguments.shutdown_grace < 0:
         parser.error("--max-running must be at least 1, --shutdown-grace not negative")
-    try:
-        check_data_dir(arguments.data_dir)
-    except (DataDirectoryLockedError, DamagedIndexError) as error:
+    try:  # before loading anything: a refusal is quick
+        app = create_app(
+            arguments.data_dir, token=token, allowed_hosts=hosts, max_running=arguments.max_running
+        )
+    except DataDirectoryError as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     prepare_process()
-    app = create_app(
-        arguments.data_dir, token=token, allowed_hosts=hosts, max_running=arguments.max_running
-    )
     # Open event streams get a second at a stop; then the runs are cancelled.
     grace = min(1.0, arguments.shutdown_grace)
     config = uvicorn.Config(

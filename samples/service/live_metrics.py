@@ -102,7 +102,7 @@ def read_points(path: Path) -> list[Point]:
     try:
         with open(path, newline="") as file:
             rows = list(csv.DictReader(file))
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return []
     return [
         {"round": int(row.pop("key")), "metrics": numbers({n: _float(t) for n, t in row.items()})}

@@ -5,58 +5,23 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Any, Literal
 
 import anyio.to_thread
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field
 
 from programlogic import FileRun, FileRunEvaluation, LocalContext, train_model
 from samples.service.live_metrics import LiveMetricsReleaseManager
 
-__all__ = ["MAX_NAME_BYTES", "RECORDED", "SERVICE_FILES", "RunConfig", "load_training", "train"]
+__all__ = ["RunConfig", "load_training", "train"]
 
 TRAIN_CLIENTS = 10  # writers 0-9 of the digits train; 10-13 are held out
-SERVICE_FILES = ("runs.json", "service.lock")  # no part of a run's directory is named so
-MAX_NAME_BYTES = 255  # the longest file name most file systems take
-RECORDED = "recorded"
-"""The validation context of configurations read back from ``runs.json``: their directory
-was accepted when the run started, so it is not checked again."""
-
-
-def _refuse(rule: str, directory: str) -> NoReturn:
-    # A custom error type: pydantic puts no "Value error, " before the message.
-    raise PydanticCustomError(
-        "run_directory", "{rule}, got {value}", {"rule": rule, "value": repr(directory)}
-    )
-
-
-def check_run_directory(directory: str | None, info: ValidationInfo) -> str | None:
-    """``directory`` if a run may have it, else a pydantic error naming the rule it breaks."""
-    if directory is None or (info.context or {}).get(RECORDED):
-        return directory
-    parts = directory.split("/")
-    longest = max(len(part.encode()) for part in parts)
-    named = next((own for own in SERVICE_FILES for part in parts if part.startswith(own)), None)
-    for broken, rule in [
-        (any(ord(c) < 32 or ord(c) == 127 for c in directory), "not contain control characters"),
-        (directory.startswith("/"), "be relative to the runs directory"),
-        ("" in parts, "not have an empty part"),
-        (any(part.startswith(".") for part in parts), "not have a hidden part (starting with '.')"),
-        (named is not None, f"not be named after the service's file {named}"),
-    ]:
-        if broken:
-            _refuse(f"directory must {rule}", directory)
-    if longest > MAX_NAME_BYTES:
-        rule = f"each part of directory must be at most {MAX_NAME_BYTES} bytes in UTF-8"
-        _refuse(f"{rule} (one has {longest})", directory)
-    return directory
 
 
 class RunConfig(BaseModel):
     """Federated averaging on the digits, one client per writer, evaluated on the 4
     held-out writers every ``eval_every`` rounds. Strict: unknown fields and values of
-    the wrong type are refused. ``directory`` is relative to ``runs/`` (default: the id).
+    the wrong type are refused.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -70,9 +35,6 @@ class RunConfig(BaseModel):
     batch_size: int = Field(default=5, ge=1, le=1024)
     eval_every: int = Field(default=1, ge=1, le=1_000_000)
     seed: int = Field(default=0, ge=0, lt=2**63)
-    directory: Annotated[
-        str | None, Field(min_length=1, max_length=200), AfterValidator(check_run_directory)
-    ] = None
 
 
 def load_training() -> None:

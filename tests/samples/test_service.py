@@ -46,10 +46,10 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
     async with in_process(tmp_path) as service:
         finite = (await service.post("/runs", json={"rounds": 3})).json()
         doomed = (await service.post("/runs", json={"rounds": 100_000, "seed": 1})).json()
-        lasting = await service.post("/runs", json={"rounds": 100_000, "directory": "mine"})
+        lasting = await service.post("/runs", json={"rounds": 100_000})
         assert lasting.status_code == 201, lasting.text
         lasting = lasting.json()
-        assert lasting["directory"] == "mine" and lasting["status"] == "running"
+        assert lasting["status"] == "running"
 
         streamed = events((await service.get(f"/runs/{finite['id']}/events")).text)
         assert [data["round"] for kind, data in streamed if kind == "metrics"] == [1, 2, 3]
@@ -67,8 +67,8 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
         assert again.json() == {"error": f"run {doomed['id']} is cancelled, not running"}
         await wait_for_round(service, lasting["id"], 2)
     # Leaving the app shut it down: the lasting run was interrupted, not cancelled.
-    doomed_dir = tmp_path / "runs" / doomed["directory"]
-    stopped_at = await latest_checkpoint(tmp_path / "runs" / "mine")
+    doomed_dir, lasting_dir = tmp_path / "runs" / doomed["id"], tmp_path / "runs" / lasting["id"]
+    stopped_at = await latest_checkpoint(lasting_dir)
     doomed_at = await latest_checkpoint(doomed_dir)
     assert stopped_at >= 2 and doomed_at >= 2
 
@@ -86,7 +86,7 @@ async def test_runs_stream_cancel_and_resume_after_a_restart(tmp_path):
         streamed = events((await service.get(f"/runs/{lasting['id']}/events")).text)
         rounds = [data["round"] for kind, data in streamed if kind == "metrics"]
         assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) >= stopped_at + 2
-    keys = metric_keys(tmp_path / "runs" / "mine")
+    keys = metric_keys(lasting_dir)
     assert keys == list(range(1, len(keys) + 1)) and len(keys) >= stopped_at + 2
     assert await latest_checkpoint(doomed_dir) == doomed_at  # a cancelled run stays stopped
 
@@ -115,7 +115,7 @@ async def test_a_served_run_stopped_by_sigterm_resumes_at_the_next_start(tmp_pat
             run = (await client.post("/runs", json={"rounds": 100_000})).json()
             await wait_for_round(client, run["id"], 3)
         server.terminate()
-    stopped_at = await latest_checkpoint(data_dir / "runs" / run["directory"])
+    stopped_at = await latest_checkpoint(data_dir / "runs" / run["id"])
     assert stopped_at >= 3
 
     with serving(data_dir, log, *GRACEFUL) as server:
@@ -125,7 +125,7 @@ async def test_a_served_run_stopped_by_sigterm_resumes_at_the_next_start(tmp_pat
             assert resumed["status"] == "running"
         server.terminate()
     assert f"resuming run {run['id']}" in log.read_text()
-    keys = metric_keys(data_dir / "runs" / run["directory"])
+    keys = metric_keys(data_dir / "runs" / run["id"])
     assert keys == list(range(1, len(keys) + 1)) and len(keys) >= stopped_at + 2
 
 
@@ -146,7 +146,7 @@ async def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
 async def test_a_token_shorter_than_16_characters_is_refused(tmp_path):
     from samples.service.app import create_app
 
-    with pytest.raises(ValueError, match="token must be at least 16 characters long"):
+    with pytest.raises(ValueError, match="token must be at least 16 printable ASCII characters"):
         create_app(tmp_path, token="short")
     assert TOKEN != "short"
 

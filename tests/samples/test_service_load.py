@@ -119,7 +119,7 @@ async def test_sigterm_ends_the_service_whatever_runs_and_the_next_start_resumes
             runs = [answer.json() for answer in answers if answer.status_code == 201]
             await wait_for_round(client, runs[0]["id"], 2)
         stop(server)
-    stopped_at = await latest_checkpoint(data_dir / "runs" / runs[0]["directory"])
+    stopped_at = await latest_checkpoint(data_dir / "runs" / runs[0]["id"])
     assert stopped_at >= 2
 
     with serving(data_dir, log, *options) as server:

@@ -1,5 +1,5 @@
-"""The sample service refuses what it must: no token, paths out of its data directory,
-oversized or malformed bodies, invalid configurations. Nothing refused starts a run or
+"""The sample service refuses what it must: no token, oversized or malformed bodies,
+invalid configurations, weak tokens. Nothing refused starts a run or
 writes a file."""
 
 import pathlib
@@ -43,41 +43,10 @@ async def test_requests_without_the_token_are_401(tmp_path, headers):
     assert files_under(tmp_path / "data") == []
 
 
-@pytest.mark.parametrize(
-    "directory",
-    ["../escape", "runs/../../escape", "/tmp/elsewhere", ".", "link/run"],
-)
-async def test_directories_outside_the_data_directory_are_refused(tmp_path, directory):
-    data_dir, outside = tmp_path / "data", tmp_path / "outside"
-    outside.mkdir()
-    (data_dir / "runs").mkdir(parents=True)
-    (data_dir / "runs" / "link").symlink_to(outside)
-    async with in_process(data_dir) as service:
-        response = await service.post("/runs", json={"rounds": 1, "directory": directory})
-        assert response.status_code == 422
-        assert response.json()["error"].startswith("directory: directory must ")
-        assert directory in response.json()["error"]
-        assert (await service.get("/runs")).json() == {"runs": []}
-    assert files_under(tmp_path) == []
-
-
-async def test_a_directory_in_use_or_existing_is_a_conflict(tmp_path):
-    (tmp_path / "runs" / "taken").mkdir(parents=True)
-    async with in_process(tmp_path) as service:
-        response = await service.post("/runs", json={"rounds": 1, "directory": "taken"})
-        assert response.status_code == 409
-        assert response.json() == {"error": "directory 'taken' exists already"}
-        first = await service.post("/runs", json={"rounds": 2, "directory": "a"})
-        assert first.status_code == 201
-        inside = await service.post("/runs", json={"rounds": 2, "directory": "a/b"})
-        assert inside.status_code == 409
-        assert inside.json()["error"].startswith("directory 'a/b' overlaps the directory of run")
-
-
 async def test_an_oversized_body_is_413(tmp_path):
     async with in_process(tmp_path, max_body_bytes=1024) as service:
         padding = "x" * 2000
-        declared = await service.post("/runs", json={"rounds": 1, "directory": padding})
+        declared = await service.post("/runs", json={"rounds": 1, "pad": padding})
         assert declared.status_code == 413
         assert declared.json() == {"error": "the request body is over 1024 bytes"}
 
@@ -123,7 +92,7 @@ async def test_malformed_json_is_400(tmp_path, body, error):
         ({"rounds": 2.0}, "rounds: Input should be a valid integer"),
         ({"rounds": 1, "seed": False}, "seed: Input should be a valid integer"),
         ({"rounds": 1, "client_lr": "0.1"}, "client_lr: Input should be a valid number"),
-        ({"rounds": 1, "directory": 7}, "directory: Input should be a valid string"),
+        ({"rounds": 1, "directory": "mine"}, "directory: Extra inputs are not permitted"),
     ],
 )
 async def test_an_invalid_config_is_422_and_starts_nothing(tmp_path, config, error):
@@ -136,24 +105,26 @@ async def test_an_invalid_config_is_422_and_starts_nothing(tmp_path, config, err
 
 
 @pytest.mark.parametrize(
-    ("token", "error"),
+    "token",
     [
-        (" " * 16, "token must not contain whitespace or control characters"),
-        ("0123456789 abcdef", "token must not contain whitespace or control characters"),
-        ("0123456789abcdef\n", "token must not contain whitespace or control characters"),
-        ("0123456789abcdef\x07", "token must not contain whitespace or control characters"),
-        ("0123456789abcdéf", "token must be printable ASCII"),
-        ("short", "token must be at least 16 characters long"),
+        " " * 16,
+        "0123456789 abcdef",
+        "0123456789abcdef\n",
+        "0123456789abcdef\x07",
+        "0123456789abcdéf",
+        "short",
     ],
     ids=["blank", "space", "newline", "bell", "non-ascii", "short"],
 )
-async def test_a_weak_or_garbled_token_is_refused(tmp_path, monkeypatch, capsys, token, error):
+async def test_a_weak_or_garbled_token_is_refused(tmp_path, monkeypatch, capsys, token):
     from samples.service.__main__ import main
     from samples.service.app import create_app
 
     with pytest.raises(ValueError) as refused:
         create_app(tmp_path, token=token)
-    assert str(refused.value).startswith(error)
+    assert str(refused.value) == (
+        "token must be at least 16 printable ASCII characters, no whitespace"
+    )
     monkeypatch.setenv("PROGRAMLOGIC_SERVICE_TOKEN", token)
     with pytest.raises(SystemExit) as exited:
         main(["--data-dir", str(tmp_path)])
