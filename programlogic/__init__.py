@@ -3,7 +3,8 @@
 ``train_model`` drives a learning process round by round inside a federated context,
 checkpoints it with a program-state manager and publishes metrics and models with
 release managers (:mod:`managers`, also importable as ``programlogic.managers``).
-``run`` starts a program from synchronous code, notebooks included.
+``run`` starts a program from synchronous code, notebooks included;
+``quiet_tensorflow`` keeps TensorFlow's start-up lines off a program's terminal.
 """
 
 from programlogic.context import (
@@ -52,6 +53,7 @@ from programlogic.stopping import (
     StopReason,
 )
 from programlogic.tasks import TaskTracker, TrackedTask
+from programlogic.tensorflow_logging import quiet_tensorflow
 from programlogic.training import (
     Checkpoint,
     EvaluationManagerProtocol,
@@ -105,6 +107,7 @@ __all__ = [
     "evaluate_once",
     "final_model_key",
     "get_context",
+    "quiet_tensorflow",
     "report_dropped_clients",
     "run",
     "train_model",

@@ -9,12 +9,20 @@ data set is scikit-learn's bundled handwritten digits split by writer: 10 writer
 and the first; ``metrics.csv`` and ``evaluation.csv``; ``tensorboard/``; ``models/``,
 the final weights), and beside it ``config.json`` (the flags that define the run),
 ``model/<round>/`` (the final model as ``model.keras`` and a TensorFlow SavedModel:
-``model/`` is TensorFlow Serving's model base path) and ``best_model/<round>/`` (the same
-for each evaluated round that had the best held-out accuracy so far).
+``model/`` is TensorFlow Serving's model base path), ``best_model/<round>/`` (the same
+for each evaluated round that had the best held-out accuracy so far), and ``main_job.log``
+(every line logged, each rerun's appended).
+
+On a terminal it shows its opening line, a progress bar, warnings and its final lines;
+the library's lines (evaluations, checkpoints) go to ``main_job.log`` only. Where
+standard error is no terminal (a pipe, a file, CI) there is no bar: a progress line every
+tenth of the rounds takes its place. A missing ``--emnist-train`` or ``--emnist-test``
+file, or a ``--root`` it cannot write, ends in argparse's one-line error (status 2).
 
 Stop it at any moment (Ctrl-C, or kill it) and run the same command again: it resumes
 after the last saved round and ends with the model an uninterrupted run gives. A larger
-``--rounds`` continues a finished run. ``samples/plot_metrics.py`` draws the curves.
+``--rounds`` continues a finished run; a smaller one ends at once, with the run's last
+round's model as the final one, and says so. ``samples/plot_metrics.py`` draws the curves.
 
     python samples/main_job.py [--rounds 50] [--dataset digits] [--model softmax] ...
 
@@ -26,14 +34,15 @@ local Ray cluster, or the cluster ``--ray-address HOST:PORT`` names.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import functools
 import logging
+import math
 import os
+import shlex
+import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +54,7 @@ from main_job_flags import (
     DamagedConfigError,
     OtherRunError,
     check_config,
+    flag_error,
     parse_arguments,
     record_config,
     run_config,
@@ -62,14 +72,17 @@ __all__ = [
     "ACCURACY",
     "HELD_OUT_ACCURACY",
     "KERAS_INTEGRATIONS",
-    "ProgressBar",
+    "LOG_FILE",
+    "PROGRESS_LINES",
+    "Progress",
     "build_process",
+    "configure_logging",
     "import_tensorflow",
     "main",
-    "stderr_captured",
 ]
 
 logger = logging.getLogger("main_job")
+progress_logger = logging.getLogger("main_job.progress")
 
 ACCURACY = "sparse_categorical_accuracy"
 """The accuracy metric's name, as the processes report it."""
@@ -78,91 +91,143 @@ HELD_OUT_ACCURACY = f"client_work/eval/total_rounds_metrics/{ACCURACY}"
 KERAS_INTEGRATIONS = ("matplotlib", "sklearn")
 """What Keras imports, when installed, for its image galleries and scikit-learn
 wrappers, which the job does not use: about 85 MB and a second of start-up."""
+LOG_FILE = "main_job.log"
+"""The run's log under ``--root``: every line logged (DEBUG too with ``--verbose``), each
+rerun's appended."""
+PROGRESS_LINES = 10
+"""About how many progress lines a run writes where standard error is no terminal."""
 TRIMMED_FRACTION = 0.2
 SERVER_MOMENTUM = 0.9
 ADAPTIVITY = 1e-3
 
 
-@contextlib.contextmanager
-def stderr_captured() -> Iterator[None]:
-    """File descriptor 2 on a temporary file while the block runs; what was written there
-    goes to the terminal only if the block raises."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    failed = True
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-            failed = False
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if failed:
-                captured.seek(0)
-                sys.stderr.write(captured.read().decode(errors="replace"))
-                sys.stderr.flush()
-
-
 def import_tensorflow(*, verbose: bool = False, without: tuple[str, ...] = ()) -> None:
-    """Import TensorFlow and Keras, their C++ start-up lines shown only when ``verbose``
-    or when the import fails; the top-level packages ``without`` names stay out meanwhile.
+    """Import TensorFlow and Keras, their start-up lines kept off the terminal
+    (:func:`programlogic.quiet_tensorflow`) unless ``verbose``; the top-level packages
+    ``without`` names stay out meanwhile.
 
-    TensorFlow's shared libraries print start-up lines (absl's, oneDNN's and CUDA's
-    notes) whatever ``TF_CPP_MIN_LOG_LEVEL`` says, as they log before absl reads its
-    settings: hence :func:`stderr_captured`. A package named in ``without`` has ``None``
-    in ``sys.modules`` during the import, which makes Python refuse to import it, so
-    Keras leaves out the integration that needs it; it imports as usual afterwards. Does
-    nothing once TensorFlow is imported.
+    A package named in ``without`` has ``None`` in ``sys.modules`` during the import,
+    which makes Python refuse to import it, so Keras leaves out the integration that
+    needs it; it imports as usual afterwards. Does nothing once TensorFlow is imported.
     """
     if "tensorflow" in sys.modules:
         return
     if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        programlogic.quiet_tensorflow()
     kept_out = [name for name in without if name not in sys.modules]
     sys.modules.update(dict.fromkeys(kept_out))
     try:
-        with contextlib.nullcontext() if verbose else stderr_captured():
-            import keras  # noqa: F401 - imported for its side effect
-            import tensorflow  # noqa: F401
+        import keras  # noqa: F401 - imported for its side effect
+        import tensorflow  # noqa: F401
     finally:
         for name in kept_out:
             sys.modules.pop(name, None)
 
 
-class ProgressBar(ReleaseManager):
-    """A progress bar fed by training and evaluation metrics: round, loss, accuracy, rounds/s,
-    and epsilon when the round reports ``privacy/epsilon``. Drawn from :meth:`start` on."""
+class Progress(ReleaseManager):
+    """Training and evaluation metrics as they come: round, loss, accuracy, the latest
+    held-out accuracy, and epsilon when the round reports ``privacy/epsilon``.
 
-    def __init__(self, total_rounds: int) -> None:
+    With ``bar`` (standard error is a terminal) a progress bar with rounds/s, drawn from
+    :meth:`start` on; without, a line on the ``main_job.progress`` logger every
+    ``total_rounds / PROGRESS_LINES`` rounds (at least 1) and at round ``total_rounds``.
+    """
+
+    def __init__(self, total_rounds: int, *, bar: bool = True) -> None:
         self._total = total_rounds
+        self._every = max(1, math.ceil(total_rounds / PROGRESS_LINES))
+        self._draw = bar
         self._bar: Any = None
+        self._first: int | None = None
         self._postfix: dict[str, str] = {}
+        self._held_out: tuple[int, float] | None = None
 
-    def start(self, first_round: int) -> None:
-        """Draw the bar, ``first_round`` rounds of its total done."""
-        from tqdm import tqdm
+    def start(self, first_round: int, total_rounds: int | None = None) -> None:
+        """Show progress from here on, ``first_round`` rounds done, of ``total_rounds``
+        (default: the constructor's)."""
+        self._first = first_round
+        if total_rounds is not None:
+            self._total = total_rounds
+            self._every = max(1, math.ceil(total_rounds / PROGRESS_LINES))
+        if self._draw:
+            from tqdm import tqdm
 
-        self._bar = tqdm(total=self._total, initial=first_round, unit="round", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=self._total, initial=first_round, unit="round", dynamic_ncols=True
+            )
 
     async def release(self, value: Any, key: ReleaseKey) -> None:
-        if not isinstance(key, int) or self._bar is None:
+        if not isinstance(key, int) or self._first is None:
             return
-        if "train" in value.get("client_work", {}):
+        trained = "train" in value.get("client_work", {})
+        if trained:
             train = value["client_work"]["train"]
             self._postfix.update(loss=f"{train['loss']:.4f}", acc=f"{train[ACCURACY]:.4f}")
             if "epsilon" in value.get("privacy", {}):
                 self._postfix.update(eps=f"{float(value['privacy']['epsilon']):.3g}")
-            self._bar.update(max(0, key - self._bar.n))
         else:
-            held_out = value["client_work"]["eval"]["current_round_metrics"]
-            self._postfix.update(eval_acc=f"{held_out[ACCURACY]:.4f}")
-        self._bar.set_postfix(self._postfix, refresh=True)
+            accuracy = float(value["client_work"]["eval"]["current_round_metrics"][ACCURACY])
+            if self._held_out is None or key >= self._held_out[0]:
+                self._held_out = (key, accuracy)
+            self._postfix.update(eval_acc=f"{accuracy:.4f}")
+        if self._bar is not None:
+            self._bar.update(max(0, key - self._bar.n) if trained else 0)
+            self._bar.set_postfix(self._postfix, refresh=True)
+        elif trained and key > self._first and (key % self._every == 0 or key == self._total):
+            self._log_line(key)
+
+    def _log_line(self, round_num: int) -> None:
+        shown = [f"loss {self._postfix['loss']}", f"accuracy {self._postfix['acc']}"]
+        if self._held_out is not None:
+            shown.append(f"held-out accuracy {self._held_out[1]:.4f} at round {self._held_out[0]}")
+        if "eps" in self._postfix:
+            shown.append(f"epsilon {self._postfix['eps']}")
+        progress_logger.info("round %d of %d: %s", round_num, self._total, ", ".join(shown))
 
     async def aclose(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+class _AboveTheBar(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes each line above tqdm's progress bars, which it clears and redraws."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def configure_logging(root: Path, *, verbose: bool, terminal: bool) -> Path:
+    """Log every line to ``root``'s :data:`LOG_FILE` (appended), and to standard error
+    the job's own lines and every warning (every line with ``verbose``).
+
+    Progress lines reach standard error only where it is no ``terminal`` (a terminal
+    shows the bar). Python warnings are logged too. Returns the log file's path;
+    :class:`OSError` when it cannot be opened for writing.
+    """
+    path = root / LOG_FILE
+    formatter = logging.Formatter("%(asctime)s %(name)s: %(message)s")
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    console = (_AboveTheBar if terminal else logging.StreamHandler)(sys.stderr)
+
+    def shown(record: logging.LogRecord) -> bool:
+        if record.name == progress_logger.name:
+            return not terminal
+        return verbose or record.levelno >= logging.WARNING or record.name == logger.name
+
+    console.addFilter(shown)
+    for handler in (to_file, console):
+        handler.setFormatter(formatter)
+        logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # not each SavedModel's assets
+    logging.getLogger("absl").setLevel(logging.ERROR)  # not dp-accounting's skipped RDP orders
+    logging.captureWarnings(True)  # a warning printed as it comes would break the bar
+    return path
 
 
 def load_data(arguments: argparse.Namespace) -> Any:
@@ -175,9 +240,12 @@ def load_data(arguments: argparse.Namespace) -> Any:
         return datasets.load_fashion_mnist(
             arguments.fashion_clients, seed=arguments.seed, sampling=arguments.sampling
         )
-    return datasets.load_emnist_h5(
-        arguments.emnist_train, arguments.emnist_test, sampling=arguments.sampling
-    )
+    try:
+        return datasets.load_emnist_h5(
+            arguments.emnist_train, arguments.emnist_test, sampling=arguments.sampling
+        )
+    except FileNotFoundError as error:  # the given files exist: the default test file
+        flag_error("--emnist-test", f"{error} (the default beside --emnist-train)")
 
 
 def dp_delta(arguments: argparse.Namespace, num_clients: int) -> float:
@@ -240,8 +308,9 @@ def build_process(
     return build(model_fn, client, server, **common)
 
 
-async def run(arguments: argparse.Namespace) -> None:
-    """Train (or resume, or continue) the run the flags name, and say where its models are."""
+async def run(arguments: argparse.Namespace, *, terminal: bool = False) -> None:
+    """Train (or resume, or continue) the run the flags name, and say where its models are;
+    progress as a bar on a ``terminal``, as log lines elsewhere."""
     from programlogic.learning import KerasModelReleaseManager, build_fed_eval, build_model
 
     root: Path = arguments.root
@@ -271,7 +340,7 @@ async def run(arguments: argparse.Namespace) -> None:
         )
     else:
         context = LocalContext(max_workers=arguments.workers)
-    progress = ProgressBar(arguments.rounds)
+    progress = Progress(arguments.rounds, bar=terminal)
     shipped = KerasModelReleaseManager(root, model_fn)
     async with (
         context,
@@ -308,7 +377,18 @@ async def run(arguments: argparse.Namespace) -> None:
                 within,
                 "" if within == 1 else "s",
             )
-        if done >= arguments.rounds:
+        if done > arguments.rounds:
+            logger.info(
+                "--rounds %d is below the %d rounds %s holds, and a run never goes back: it "
+                "ends at once with round %d's model as the final one (pick another --root "
+                "to train %d rounds)",
+                arguments.rounds,
+                done,
+                root,
+                done,
+                arguments.rounds,
+            )
+        elif done == arguments.rounds:
             logger.info(
                 "%s already holds round %d of %d: pass --rounds > %d to train on",
                 root,
@@ -329,7 +409,7 @@ async def run(arguments: argparse.Namespace) -> None:
                 len(data.test.client_ids),
                 root,
             )
-        progress.start(done)
+        progress.start(done, max(arguments.rounds, done))
         result = await train_model(
             train_process=build_process(arguments, model_fn, num_clients=num_train),
             train_data_source=data.train,
@@ -356,7 +436,27 @@ async def run(arguments: argparse.Namespace) -> None:
     logger.info(
         "load the SavedModel: tf.saved_model.load(%r).signatures['serving_default']", str(version)
     )
-    logger.info("plot the curves with: python samples/plot_metrics.py %s", root)
+    plot = Path(__file__).with_name("plot_metrics.py")
+    logger.info(
+        "plot the curves with: %s", shlex.join([interpreter(), shown_path(plot), str(root)])
+    )
+    logger.info("every line logged is in %s", root / LOG_FILE)
+
+
+def interpreter() -> str:
+    """This Python as the user ran it: as typed when that names it (``.venv/bin/python``,
+    ``python3``), else its full path."""
+    typed = sys.orig_argv[0] if sys.orig_argv else ""
+    found = shutil.which(typed) if typed else None
+    if found and sys.executable and os.path.samefile(found, sys.executable):
+        return typed
+    return sys.executable or "python"
+
+
+def shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, else absolute."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith(os.pardir) else relative
 
 
 async def held_out_accuracy(path: Path, round_num: int) -> str:
@@ -401,25 +501,28 @@ async def log_privacy(
 def main(argv: list[str] | None = None) -> None:
     """Run the main job on the command line ``argv`` (default: ``sys.argv[1:]``)."""
     arguments = parse_arguments(argv)
+    root: Path = arguments.root
+    if root.exists() and not root.is_dir():
+        flag_error("--root", f"{root} is not a directory")
     try:
-        check_config(arguments.root, run_config(arguments))
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        flag_error("--root", f"cannot create {root}: {error.strerror}")
+    try:
+        check_config(root, run_config(arguments))
     except DamagedConfigError as error:
         sys.stderr.write(f"main_job: {error}\n")
         sys.exit(2)
     except OtherRunError as error:
         sys.exit(f"main_job: {error}")
-    logging.basicConfig(
-        level=logging.DEBUG if arguments.verbose else logging.INFO,
-        format="%(asctime)s %(name)s: %(message)s",
-    )
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # not each SavedModel's assets
-    logging.getLogger("absl").setLevel(logging.ERROR)  # not dp-accounting's skipped RDP orders
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
+    terminal = sys.stderr.isatty()
+    try:
+        configure_logging(root, verbose=arguments.verbose, terminal=terminal)
+    except OSError as error:
+        flag_error("--root", f"cannot write to {root}: {error.strerror}")
     try:
         import_tensorflow(verbose=arguments.verbose, without=KERAS_INTEGRATIONS)
-        with logging_redirect_tqdm():
-            programlogic.run(run(arguments))
+        programlogic.run(run(arguments, terminal=terminal))
     except KeyboardInterrupt:
         sys.exit("main_job: interrupted; rerun the same command to resume")
     except (FileNotFoundError, ImportError, programlogic.ClusterConnectionError) as error:

@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from managers.files import write_atomically
 from programlogic import Sampling
@@ -58,6 +60,7 @@ __all__ = [
     "DamagedConfigError",
     "OtherRunError",
     "check_config",
+    "flag_error",
     "parse_arguments",
     "positive_number",
     "record_config",
@@ -151,73 +154,177 @@ def _probability(text: str) -> float:
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, checked, with every default filled in."""
+    """The command line, checked, with every default filled in.
+
+    The EMNIST files it names must exist; a missing one exits with :func:`flag_error`.
+    """
     parser = argparse.ArgumentParser(
         description="Federated averaging on real data, resumable (rerun to resume); "
         "samples/main_job_flags.py explains each flag.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add = parser.add_argument
-    add("--rounds", type=whole_number(1), default=50, help="train up to this round")
-    add("--clients-per-round", type=whole_number(1), default=10, help="clients each round")
-    add(
-        "--sampling",
-        choices=[str(mode) for mode in Sampling],
-        help="how each round picks its clients (default: uniform; poisson with DP)",
-    )
-    add(
+    data = _group(parser, "data")
+    data(
         "--dataset",
         choices=DATASETS,
         default="digits",
         help="digits: scikit-learn's, by writer; fashion_mnist: Debian's "
         "dataset-fashion-mnist, Dirichlet label skew; emnist: HDF5 files",
     )
-    add("--fashion-clients", type=whole_number(1), default=100, help="Fashion-MNIST's clients")
-    add("--emnist-train", type=Path, help="federated EMNIST train .h5 file")
-    add("--emnist-test", type=Path, help="federated EMNIST test .h5 file")
-    add(
+    data(
+        "--fashion-clients",
+        metavar="N",
+        type=whole_number(1),
+        default=100,
+        help="Fashion-MNIST's clients",
+    )
+    data("--emnist-train", type=Path, metavar="FILE", help="federated EMNIST train .h5 file")
+    data(
+        "--emnist-test",
+        type=Path,
+        metavar="FILE",
+        help="federated EMNIST test .h5 file (default: --emnist-train's with _test for _train)",
+    )
+    training = _group(parser, "model and training")
+    training("--rounds", metavar="N", type=whole_number(1), default=50, help=ROUNDS_HELP)
+    training(
         "--model",
         choices=list(CLIENT_LEARNING_RATES),
         default="softmax",
         help="softmax: the tutorial's; mlp: one hidden layer; cnn: two convolutions",
     )
-    add("--epochs", type=whole_number(1), default=5, help="local epochs per round")
-    add("--batch-size", type=whole_number(1), default=5, help="client batch size")
-    add(
+    training(
+        "--clients-per-round",
+        metavar="K",
+        type=whole_number(1),
+        default=10,
+        help="clients each round",
+    )
+    training(
+        "--sampling",
+        choices=[str(mode) for mode in Sampling],
+        help="how each round picks its clients (default: uniform; poisson with DP)",
+    )
+    training(
+        "--epochs", metavar="N", type=whole_number(1), default=5, help="local epochs per round"
+    )
+    training("--batch-size", metavar="N", type=whole_number(1), default=5, help="client batch size")
+    training(
         "--client-lr",
+        metavar="LR",
         type=positive_number,
         help="client SGD learning rate (default: 0.02 for softmax, 0.05 for mlp, 0.1 for cnn)",
     )
-    add("--algorithm", choices=ALGORITHMS, default="fedavg", help="the training process")
-    add(
+    training("--algorithm", choices=ALGORITHMS, default="fedavg", help="the training process")
+    training(
         "--server-lr",
+        metavar="LR",
         type=positive_number,
         help="server learning rate (default: 1.0 for fedavg and fedprox, 0.2 for fedavgm, "
         "0.1 for fedadam and fedyogi)",
     )
-    add("--proximal-strength", type=positive_number, help="fedprox's mu (default: 0.01)")
-    add("--aggregator", choices=AGGREGATORS, help="how client updates combine (default: mean)")
-    add("--clip-norm", type=positive_number, help="clip each client's update to this L2 norm")
-    add("--dp-noise-multiplier", type=positive_number, metavar="Z", help="train with DP")
-    add("--dp-clip", type=_dp_clip, metavar="C", help=f"DP clip, or {ADAPTIVE!r} (default: 1)")
-    add("--dp-delta", type=_probability, metavar="DELTA", help="DP delta (default: 1 / N**1.1)")
-    add("--privacy-budget", type=positive_number, metavar="EPSILON", help="stop at this epsilon")
-    add("--eval-every", type=whole_number(1), default=5, help="rounds between evaluations")
-    add("--seed", type=whole_number(0), default=0, help="seeds sampling and shuffles")
-    add("--workers", type=whole_number(1), help="threads or Ray actors for client work")
-    add(
+    training(
+        "--proximal-strength",
+        metavar="MU",
+        type=positive_number,
+        help="fedprox's mu (default: 0.01)",
+    )
+    training("--aggregator", choices=AGGREGATORS, help="how client updates combine (default: mean)")
+    training(
+        "--clip-norm",
+        metavar="C",
+        type=positive_number,
+        help="clip each client's update to this L2 norm",
+    )
+    training(
+        "--seed", metavar="N", type=whole_number(0), default=0, help="seeds sampling and shuffles"
+    )
+    privacy = _group(parser, "differential privacy")
+    privacy("--dp-noise-multiplier", type=positive_number, metavar="Z", help="train with DP")
+    privacy("--dp-clip", type=_dp_clip, metavar="C", help=f"DP clip, or {ADAPTIVE!r} (default: 1)")
+    privacy("--dp-delta", type=_probability, metavar="DELTA", help="DP delta (default: 1 / N**1.1)")
+    privacy(
+        "--privacy-budget", type=positive_number, metavar="EPSILON", help="stop at this epsilon"
+    )
+    output = _group(parser, "run and output")
+    output(
+        "--root",
+        metavar="DIR",
+        type=Path,
+        default=Path("runs/main_job"),
+        help="the run's directory",
+    )
+    output(
+        "--eval-every",
+        metavar="N",
+        type=whole_number(1),
+        default=5,
+        help="rounds between evaluations",
+    )
+    output(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and every log line, DEBUG included",
+    )
+    backend = _group(parser, "backend")
+    backend(
         "--context",
         choices=("local", "ray"),
         default="local",
-        help="local: threads of this process; ray: actors on a Ray cluster "
-        "(pip install 'programlogic[ray]')",
+        help="local: threads of this process; ray: actors on a Ray cluster, with "
+        "programlogic[ray] installed",
     )
-    add("--ray-address", help="with --context ray: HOST:PORT (default: a local Ray cluster)")
-    add("--root", type=Path, default=Path("runs/main_job"), help="the run's directory")
-    add("--verbose", action="store_true", help="show TensorFlow's start-up lines, log DEBUG")
+    backend(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="with --context ray: the cluster (default: a local Ray cluster)",
+    )
+    backend(
+        "--workers",
+        metavar="N",
+        type=whole_number(1),
+        help="threads or Ray actors for client work (default: the CPUs; with Ray, the cluster's)",
+    )
     arguments = parser.parse_args(argv)
     _resolve(arguments, parser.error)
+    for flag, path in (
+        ("--emnist-train", arguments.emnist_train),
+        ("--emnist-test", arguments.emnist_test),
+    ):
+        if path is not None and not path.is_file():
+            flag_error(flag, f"{path} is a directory" if path.is_dir() else f"no file at {path}")
     return arguments
+
+
+ROUNDS_HELP = (
+    "train up to this round; a run that already holds more rounds ends at once, its last "
+    "round's model the final one, and says so"
+)
+
+
+def _group(parser: argparse.ArgumentParser, title: str) -> Callable[..., argparse.Action]:
+    """A function adding flags under ``title`` in ``--help``, each help followed by its
+    default where the flag has one and its help does not say it."""
+    group = parser.add_argument_group(title)
+
+    def add(*flags: str, **options: Any) -> argparse.Action:
+        default = options.get("default")
+        if (
+            default is not None
+            and default is not False
+            and "(default:" not in options.get("help", "")
+        ):
+            options["help"] = f"{options.get('help', '')} (default: %(default)s)"
+        return group.add_argument(*flags, **options)
+
+    return add
+
+
+def flag_error(flag: str, message: str) -> NoReturn:
+    """Exit with status 2 and argparse's error line, ``prog: error: argument FLAG: ...``,
+    alone: the flags parsed, what ``flag`` names on this machine is amiss."""
+    prog = os.path.basename(sys.argv[0])
+    sys.stderr.write(f"{prog}: error: argument {flag}: {message}\n")
+    sys.exit(2)
 
 
 def _resolve(arguments: argparse.Namespace, error: Callable[[str], Any]) -> None:

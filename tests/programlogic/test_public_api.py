@@ -54,6 +54,7 @@ async def test_every_public_class_and_function_of_the_package_is_exported() -> N
         programlogic.process,
         programlogic.runner,
         programlogic.stopping,
+        programlogic.tensorflow_logging,
         programlogic.training,
     ]
     for module in modules:

@@ -6,7 +6,9 @@ run under asyncio only.
 
 import csv
 import json
+import os
 import pathlib
+import shlex
 import signal
 import subprocess
 import sys
@@ -133,6 +135,16 @@ async def test_a_run_stopped_and_continued_ends_with_the_uninterrupted_model(tmp
     assert again.returncode == 0, again.stderr
     assert "already holds round 4 of 4" in again.stderr
 
+    fewer = main_job("--rounds", 2, "--eval-every", 2, "--root", pieces)
+    assert fewer.returncode == 0, fewer.stderr
+    assert (
+        f"main_job: --rounds 2 is below the 4 rounds {pieces} holds, and a run never goes "
+        "back: it ends at once with round 4's model as the final one (pick another --root "
+        "to train 2 rounds)"
+    ) in fewer.stderr
+    assert "final model final_training_checkpoint_round_4 in" in fewer.stderr
+    assert keys(pieces / "metrics.csv") == [1, 2, 3, 4]
+
     other = main_job("--rounds", 4, "--model", "mlp", "--client-lr", 0.02, "--root", pieces)
     assert other.returncode == 1
     assert other.stderr.strip().splitlines()[-1] == (
@@ -177,6 +189,112 @@ async def test_bad_flags_get_a_one_line_error(tmp_path, arguments, message):
     assert failed.returncode != 0
     assert message in failed.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "run" / "state").exists()
+
+
+def write_hdf5_clients(path: pathlib.Path) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as file:
+        file.create_group("examples/writer_0")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--dataset", "emnist", "--emnist-train", "{tmp}/none_train.h5"],
+            "argument --emnist-train: no file at {tmp}/none_train.h5",
+        ),
+        (
+            ["--dataset", "emnist", "--emnist-train", "{tmp}"],
+            "argument --emnist-train: {tmp} is a directory",
+        ),
+        (
+            [
+                "--dataset",
+                "emnist",
+                "--emnist-train",
+                "{tmp}/a_train.h5",
+                "--emnist-test",
+                "{tmp}/b.h5",
+            ],
+            "argument --emnist-test: no file at {tmp}/b.h5",
+        ),
+        (
+            ["--dataset", "emnist", "--emnist-train", "{tmp}/a_train.h5"],
+            "argument --emnist-test: federated HDF5 file {tmp}/a_test.h5 not found "
+            "(the default beside --emnist-train)",
+        ),
+        (["--root", "{tmp}/a_train.h5"], "argument --root: {tmp}/a_train.h5 is not a directory"),
+        (
+            ["--root", "{tmp}/a_train.h5/run"],
+            "argument --root: cannot create {tmp}/a_train.h5/run: Not a directory",
+        ),
+    ],
+    ids=["no-train", "train-dir", "no-test", "no-default-test", "root-file", "root-in-file"],
+)
+async def test_a_missing_file_or_an_unwritable_root_gets_one_line_naming_flag_and_path(
+    tmp_path, flags, message
+):
+    write_hdf5_clients(tmp_path / "a_train.h5")
+    failed = main_job(*[flag.format(tmp=tmp_path) for flag in flags])
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines() == [
+        f"main_job.py: error: {message.format(tmp=tmp_path)}"
+    ]
+
+
+async def test_help_groups_the_flags_and_shows_only_written_defaults():
+    shown = main_job("--help")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert "(default: None)" not in text and "(default: False)" not in text
+    headings = [
+        line[:-1]
+        for line in text.splitlines()
+        if line and not line[0].isspace() and line.endswith(":")
+    ]
+    assert headings == [
+        "options",
+        "data",
+        "model and training",
+        "differential privacy",
+        "run and output",
+        "backend",
+    ]
+    options = text.split("\ndata:\n")[0].split("\noptions:\n")[1]
+    assert options.split() == ["-h,", "--help", "show", "this", "help", "message", "and", "exit"]
+    flattened = " ".join(text.split())
+    assert "--rounds N train up to this round;" in flattened
+    assert (
+        "(default: 50)" in flattened
+        and "--seed N seeds sampling and shuffles (default: 0)" in flattened
+    )
+    assert "(default: runs/main_job)" in flattened
+
+
+async def test_the_plot_hint_names_the_interpreter_as_typed_and_runs(tmp_path):
+    """Run as ``bin/python`` from the interpreter's environment, the job's hint says
+    ``bin/python``, and the command it shows draws the plot."""
+    where = pathlib.Path(sys.executable).parent.parent
+    typed = os.path.relpath(sys.executable, where)
+    root = tmp_path / "run"
+    done = subprocess.run(
+        [typed, str(SAMPLES / "main_job.py"), "--rounds", "2", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=where,
+    )
+    assert done.returncode == 0, done.stderr
+    [hint] = [line for line in done.stderr.splitlines() if "plot the curves with: " in line]
+    shown = hint.split("plot the curves with: ", 1)[1]
+    assert shlex.split(shown) == [typed, str(SAMPLES / "plot_metrics.py"), str(root)]
+    plotted = subprocess.run(
+        shlex.split(shown), capture_output=True, text=True, timeout=120, cwd=where
+    )
+    assert plotted.returncode == 0, plotted.stderr
+    assert (root / "metrics.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 async def test_plotting_a_directory_without_metrics_says_what_is_missing(tmp_path):

@@ -303,10 +303,10 @@ async def test_a_privacy_budget_stops_the_run_and_a_resumed_run_stops_alike(tmp_
 
 
 async def test_the_progress_bar_shows_epsilon_when_a_round_reports_it(capsys):
-    from main_job import ProgressBar
+    from main_job import Progress
 
     train = {"loss": 0.5, "sparse_categorical_accuracy": 0.75}
-    async with ProgressBar(3) as bar:
+    async with Progress(3) as bar:
         bar.start(0)
         await bar.release({"client_work": {"train": train}}, 1)
         assert "eps=" not in capsys.readouterr().err
