@@ -1,4 +1,4 @@
-"""docs/migrating_from_tff.md maps every public name of tff.program, tff.learning.programs
+"""docs/how-to/migrating-from-tff.md maps every public name of tff.program, tff.learning.programs
 and tff.learning.optimizers."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tensorflow_federated as tff
 
 pytestmark = pytest.mark.anyio
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "migrating_from_tff.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "migrating-from-tff.md"
 
 
 def public_names(module: object) -> set[str]:
