@@ -32,6 +32,7 @@ from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from samples.service.live_metrics import stream
 from samples.service.runs import RunRegistry
 
 __all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "check_token", "create_app"]
@@ -181,7 +182,7 @@ async def run_events(request: Request) -> Response:
     run = _registry(request).get(request.path_params["run_id"])
 
     async def events() -> AsyncIterator[dict[str, str]]:
-        async for kind, point in run.live.stream():
+        async for kind, point in stream(metrics=run.metrics, evaluation=run.evaluation):
             yield {"event": kind, "data": orjson.dumps(point).decode()}
         await run.done.wait()
         yield {"event": "end", "data": orjson.dumps(run.summary()).decode()}

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from managers.files import write_atomically
-from samples.service.live_metrics import EVALUATION, LiveMetricsReleaseManager, read_points
+from samples.service.live_metrics import LiveMetrics, read_points
 from samples.service.training import RunConfig, train
 
 __all__ = ["DataDirectoryError", "Record", "Run", "RunRegistry"]
@@ -63,7 +63,8 @@ class Run(Record):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    live: LiveMetricsReleaseManager = Field(default_factory=LiveMetricsReleaseManager)
+    metrics: LiveMetrics = Field(default_factory=LiveMetrics)
+    evaluation: LiveMetrics = Field(default_factory=LiveMetrics)  # on held-out clients
     models: list[str] = []
     cancel_scope: anyio.CancelScope | None = None
     done: anyio.Event = Field(default_factory=anyio.Event)
@@ -71,7 +72,7 @@ class Run(Record):
 
     def summary(self) -> dict[str, Any]:
         """What ``GET /runs`` shows of the run."""
-        latest, held_out = self.live.latest(), self.live.latest(EVALUATION)
+        latest, held_out = self.metrics.latest(), self.evaluation.latest()
         round_num = latest["round"] if latest else 0
         now, (since, first) = time.time(), self.pace or (0, round_num)
         done = round_num - first if self.status == RUNNING else 0
@@ -116,10 +117,12 @@ class RunRegistry:
 
     def _load(self, record: Record) -> Run:
         directory = self.path(record)
-        live = LiveMetricsReleaseManager(
-            read_points(directory / "metrics.csv"), read_points(directory / "evaluation.csv")
+        return Run(
+            **dict(record),
+            metrics=LiveMetrics(read_points(directory / "metrics.csv")),
+            evaluation=LiveMetrics(read_points(directory / "evaluation.csv")),
+            models=_models(directory),
         )
-        return Run(**dict(record), live=live, models=_models(directory))
 
     async def _thread(self, function: Callable[..., Any], *arguments: Any) -> Any:
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self._io)
@@ -145,7 +148,8 @@ class RunRegistry:
                         logger.info("resuming run %s in %s", run.id, self.path(run))
                         self._task_group.start_soon(self._supervise, run)
                     else:
-                        await run.live.aclose()
+                        await run.metrics.aclose()
+                        await run.evaluation.aclose()
                         run.done.set()
                 yield
                 self._task_group.cancel_scope.cancel()
@@ -200,15 +204,16 @@ class RunRegistry:
         with anyio.CancelScope() as run.cancel_scope:
             try:
                 async with self._slots:
-                    run.pace = (time.time(), (run.live.latest() or {"round": 0})["round"])
-                    await train(run.config, self.path(run), run.live)
+                    run.pace = (time.time(), (run.metrics.latest() or {"round": 0})["round"])
+                    await train(run.config, self.path(run), run.metrics, run.evaluation)
             except Exception as error:
                 logger.exception("run %s failed", run.id)
                 await self._end(run, FAILED, f"{type(error).__name__}: {error}")
             else:
                 await self._end(run, FINISHED, None)
             finally:
-                await run.live.aclose()
+                await run.metrics.aclose()
+                await run.evaluation.aclose()
                 run.done.set()
             # A cancelled run does not get here: its status stays as the canceller left
             # it, "cancelled" after a DELETE, still "running" after a shutdown.
