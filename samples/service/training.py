@@ -76,9 +76,9 @@ async def train(
 ) -> None:
     """Train (or resume) the run of ``config`` in ``directory``, its training and held-out
     metrics released to ``metrics`` and ``evaluation``."""
-    process, evaluation = await anyio.to_thread.run_sync(_build, config)
+    process, fed_eval = await anyio.to_thread.run_sync(_build, config)
     held_out = FileRunEvaluation(
-        evaluation, _digits().test, cohort_size=4, metrics_managers=[evaluation]
+        fed_eval, _digits().test, cohort_size=4, metrics_managers=[evaluation]
     )
     async with (
         LocalContext(max_workers=1),
