@@ -29,7 +29,7 @@ from managers.files import write_atomically
 from samples.service.live_metrics import LiveMetrics, read_points
 from samples.service.training import RunConfig, train
 
-__all__ = ["DataDirectoryError", "Record", "Run", "RunRegistry"]
+__all__ = ["DataDirectoryError", "Run", "RunRegistry"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,12 @@ class DataDirectoryError(RuntimeError):
     is damaged."""
 
 
-class Record(BaseModel):
-    """A run as ``runs.json`` keeps it."""
+class Run(BaseModel):
+    """A run: what ``runs.json`` records of it, and (not recorded) its metrics, models and
+    training task, and the (time, round) it began training at in this process, for the
+    estimate of the rest."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     id: str = Field(pattern=r"^[0-9a-f]{12}$")  # the service's own: a name under runs/
     config: RunConfig
@@ -52,23 +56,12 @@ class Record(BaseModel):
     error: str | None = None
     started: float | None = None
     ended: float | None = None
-
-
-_INDEX = TypeAdapter(list[Record])
-
-
-class Run(Record):
-    """A run as this process knows it: also its metrics, models and training task, and
-    the (time, round) it began training at in this process, for the estimate of the rest."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    metrics: LiveMetrics = Field(default_factory=LiveMetrics)
-    evaluation: LiveMetrics = Field(default_factory=LiveMetrics)  # on held-out clients
-    models: list[str] = []
-    cancel_scope: anyio.CancelScope | None = None
-    done: anyio.Event = Field(default_factory=anyio.Event)
-    pace: tuple[float, int] | None = None
+    metrics: LiveMetrics = Field(default_factory=LiveMetrics, exclude=True)
+    evaluation: LiveMetrics = Field(default_factory=LiveMetrics, exclude=True)  # held out
+    models: list[str] = Field(default=[], exclude=True)
+    cancel_scope: anyio.CancelScope | None = Field(default=None, exclude=True)
+    done: anyio.Event = Field(default_factory=anyio.Event, exclude=True)
+    pace: tuple[float, int] | None = Field(default=None, exclude=True)
 
     def summary(self) -> dict[str, Any]:
         """What ``GET /runs`` shows of the run."""
@@ -93,6 +86,9 @@ class Run(Record):
         }
 
 
+_INDEX = TypeAdapter(list[Run])
+
+
 class RunRegistry:
     """The runs of one data directory, trained (``max_running`` at once) while open.
 
@@ -106,7 +102,7 @@ class RunRegistry:
         self.failure: str | None = None  # why the last write of runs.json failed
         self._lock = _lock(data_dir)
         try:  # oldest first
-            self.runs = {record.id: self._load(record) for record in read_index(data_dir)}
+            self.runs = {run.id: self._load(run) for run in read_index(data_dir)}
         except BaseException:
             os.close(self._lock)
             raise
@@ -115,19 +111,17 @@ class RunRegistry:
         self._index_lock = anyio.Lock()
         self._task_group: TaskGroup | None = None
 
-    def _load(self, record: Record) -> Run:
-        directory = self.path(record)
-        return Run(
-            **dict(record),
-            metrics=LiveMetrics(read_points(directory / "metrics.csv")),
-            evaluation=LiveMetrics(read_points(directory / "evaluation.csv")),
-            models=_models(directory),
-        )
+    def _load(self, run: Run) -> Run:
+        directory = self.path(run)
+        run.metrics = LiveMetrics(read_points(directory / "metrics.csv"))
+        run.evaluation = LiveMetrics(read_points(directory / "evaluation.csv"))
+        run.models = _models(directory)
+        return run
 
     async def _thread(self, function: Callable[..., Any], *arguments: Any) -> Any:
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self._io)
 
-    def path(self, run: Record) -> Path:
+    def path(self, run: Run) -> Path:
         """The directory ``run`` trains in."""
         return self.data_dir / RUNS / run.id
 
@@ -265,7 +259,7 @@ def _lock(data_dir: Path) -> int:
     return descriptor
 
 
-def read_index(data_dir: Path) -> list[Record]:
+def read_index(data_dir: Path) -> list[Run]:
     """The runs ``runs.json`` in ``data_dir`` records; ``DataDirectoryError`` if it is not that."""
     path = data_dir / INDEX
     try:
