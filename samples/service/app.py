@@ -62,8 +62,7 @@ def create_app(
     ``token``: the bearer token requests need (401 otherwise). ``allowed_hosts``: the
     names (IPv6 addresses in brackets) requests may give in ``Host``, at the listening
     port (421 otherwise); own origins are ``http://`` these. ``max_running``: the most
-    runs trained at once (429 beyond). Holds ``data_dir`` from now on (``DataDirectoryError``
-    if another service does or its ``runs.json`` is damaged); shutting down lets it go.
+    runs trained at once (429 beyond). Holds ``data_dir`` (see :class:`RunRegistry`).
     """
     if token is not None:
         check_token(token)

@@ -90,12 +90,8 @@ _INDEX = TypeAdapter(list[Run])
 
 
 class RunRegistry:
-    """The runs of one data directory, trained (``max_running`` at once) while open.
-
-    Made, it holds the directory's lock and knows the runs ``runs.json`` records
-    (``DataDirectoryError`` if another service holds it or the file is damaged); leaving
-    :meth:`open` releases the lock.
-    """
+    """The runs of one data directory, its lock held from now on (``DataDirectoryError``
+    if it cannot be served) until :meth:`open` is left; trained ``max_running`` at once."""
 
     def __init__(self, data_dir: Path, max_running: int = 4) -> None:
         self.data_dir, self.max_running = data_dir, max_running
