@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import ipaddress
 import logging
 import os
 import threading
@@ -23,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before anything imports Te
 
 import uvicorn
 
-from samples.service.app import LOOPBACK_HOSTS, check_token, create_app
+from samples.service.app import LOOPBACK_HOSTS, allowed_hosts, create_app
 from samples.service.runs import DataDirectoryError
 from samples.service.training import load_training
 
@@ -45,19 +44,6 @@ def prepare_process() -> None:
     gc.set_threshold(young, middle, 100)
 
 
-def allowed_hosts(host: str, extra: list[str]) -> list[str]:
-    """The names a service listening on ``host`` answers to: its address and ``extra``."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return [*LOOPBACK_HOSTS, *extra] if host == "localhost" else [host, *extra]
-    if address.is_loopback:
-        return [*LOOPBACK_HOSTS, *extra]
-    if address.is_unspecified:  # every address: no name of its own
-        return list(extra)
-    return [f"[{host}]" if address.version == 6 else host, *extra]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m samples.service", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=Path("runs/service"))
@@ -74,11 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     hosts = allowed_hosts(arguments.host, arguments.allowed_host)
     if token is None and hosts[: len(LOOPBACK_HOSTS)] != list(LOOPBACK_HOSTS):
         parser.error(f"listening on {arguments.host} needs a token in ${TOKEN_VARIABLE}")
-    try:
-        if token is not None:
-            check_token(token)
-    except ValueError as error:
-        parser.error(f"${TOKEN_VARIABLE}: {error}")
     if not hosts:
         parser.error(
             f"listening on {arguments.host} needs --allowed-host NAME: the names clients use"
@@ -89,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         app = create_app(
             arguments.data_dir, token=token, allowed_hosts=hosts, max_running=arguments.max_running
         )
+    except ValueError as error:  # what create_app checks beyond the above: the token
+        parser.error(f"${TOKEN_VARIABLE}: {error}")
     except DataDirectoryError as error:
         parser.exit(2, f"{parser.prog}: {error}\n")
 

@@ -13,13 +13,13 @@ Errors are ``{"error": "one line"}``. With a token, all but ``/`` and ``/health`
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import secrets
 from collections.abc import AsyncIterator, Collection
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
-import orjson
 from sse_starlette import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.authentication import AuthenticationBackend, AuthenticationError
@@ -28,13 +28,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import FileResponse, HTMLResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from samples.service.live_metrics import stream
 from samples.service.runs import RunRegistry
 
-__all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "check_token", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "MAX_BODY_BYTES", "allowed_hosts", "check_token", "create_app"]
 
 MAX_BODY_BYTES = 16 * 1024  # a run's configuration is a few hundred bytes
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
@@ -61,8 +62,7 @@ def create_app(
     ``token``: the bearer token requests need (401 otherwise). ``allowed_hosts``: the
     names (IPv6 addresses in brackets) requests may give in ``Host``, at the listening
     port (421 otherwise); own origins are ``http://`` these. ``max_running``: the most
-    runs trained at once (429 beyond). Holds ``data_dir`` from now on (``DataDirectoryError``
-    if another service does or its ``runs.json`` is damaged); shutting down lets it go.
+    runs trained at once (429 beyond). Holds ``data_dir`` (see :class:`RunRegistry`).
     """
     if token is not None:
         check_token(token)
@@ -99,13 +99,9 @@ def create_app(
     return app
 
 
-def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(content), status, headers, "application/json")
-
-
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     """``{"error": message}`` with ``status``."""
-    return _json({"error": message}, status, headers)
+    return JSONResponse({"error": message}, status, headers)
 
 
 async def http_error(request: Request, refused: Exception) -> Response:
@@ -138,13 +134,13 @@ def _registry(request: Request) -> RunRegistry:
 async def health(request: Request) -> Response:
     registry = _registry(request)
     if registry.failure is not None:
-        return _json({"status": "failed", "error": registry.failure}, 503)
+        return JSONResponse({"status": "failed", "error": registry.failure}, 503)
     running = sum(run.status == "running" for run in registry.runs.values())
-    return _json({"status": "ok", "running": running})
+    return JSONResponse({"status": "ok", "running": running})
 
 
 async def list_runs(request: Request) -> Response:
-    return _json({"runs": [run.summary() for run in _registry(request).runs.values()]})
+    return JSONResponse({"runs": [run.summary() for run in _registry(request).runs.values()]})
 
 
 async def start_run(request: Request) -> Response:
@@ -160,20 +156,20 @@ async def start_run(request: Request) -> Response:
         if len(body) > limit:
             return too_large
     try:
-        config = orjson.loads(body)
-    except orjson.JSONDecodeError as invalid:
+        config = json.loads(body)
+    except ValueError as invalid:  # not JSON, or not UTF-8
         return error(400, f"the request body is not valid JSON: {invalid}")
     if not isinstance(config, dict):
         return error(400, f"the request body must be a JSON object, got {type(config).__name__}")
-    return _json((await _registry(request).create(config)).summary(), 201)
+    return JSONResponse((await _registry(request).create(config)).summary(), 201)
 
 
 async def get_run(request: Request) -> Response:
-    return _json(_registry(request).get(request.path_params["run_id"]).summary())
+    return JSONResponse(_registry(request).get(request.path_params["run_id"]).summary())
 
 
 async def cancel_run(request: Request) -> Response:
-    return _json((await _registry(request).cancel(request.path_params["run_id"])).summary())
+    return JSONResponse((await _registry(request).cancel(request.path_params["run_id"])).summary())
 
 
 async def run_events(request: Request) -> Response:
@@ -181,10 +177,10 @@ async def run_events(request: Request) -> Response:
     run = _registry(request).get(request.path_params["run_id"])
 
     async def events() -> AsyncIterator[dict[str, str]]:
-        async for kind, point in run.live.stream():
-            yield {"event": kind, "data": orjson.dumps(point).decode()}
+        async for kind, point in stream(metrics=run.metrics, evaluation=run.evaluation):
+            yield {"event": kind, "data": json.dumps(point)}
         await run.done.wait()
-        yield {"event": "end", "data": orjson.dumps(run.summary()).decode()}
+        yield {"event": "end", "data": json.dumps(run.summary())}
 
     return EventSourceResponse(events(), ping=15)
 
@@ -196,6 +192,19 @@ async def model_file(request: Request) -> Response:
     if name not in run.models:
         return error(404, f"run {run.id} has no model {name!r}")
     return FileResponse(registry.path(run) / "models" / name, filename=name)
+
+
+def allowed_hosts(host: str, extra: Collection[str] = ()) -> list[str]:
+    """The names a service listening on ``host`` answers to: its address and ``extra``."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return [*LOOPBACK_HOSTS, *extra] if host == "localhost" else [host, *extra]
+    if address.is_loopback:
+        return [*LOOPBACK_HOSTS, *extra]
+    if address.is_unspecified:  # every address: no name of its own
+        return list(extra)
+    return [f"[{host}]" if address.version == 6 else host, *extra]
 
 
 class SameSite:

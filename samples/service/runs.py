@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from managers.files import write_atomically
-from samples.service.live_metrics import EVALUATION, LiveMetricsReleaseManager, read_points
+from samples.service.live_metrics import LiveMetrics, read_points
 from samples.service.training import RunConfig, train
 
-__all__ = ["DataDirectoryError", "Record", "Run", "RunRegistry"]
+__all__ = ["DataDirectoryError", "Run", "RunRegistry"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,12 @@ class DataDirectoryError(RuntimeError):
     is damaged."""
 
 
-class Record(BaseModel):
-    """A run as ``runs.json`` keeps it."""
+class Run(BaseModel):
+    """A run: what ``runs.json`` records of it, and (not recorded) its metrics, models and
+    training task, and the (time, round) it began training at in this process, for the
+    estimate of the rest."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     id: str = Field(pattern=r"^[0-9a-f]{12}$")  # the service's own: a name under runs/
     config: RunConfig
@@ -52,26 +56,16 @@ class Record(BaseModel):
     error: str | None = None
     started: float | None = None
     ended: float | None = None
-
-
-_INDEX = TypeAdapter(list[Record])
-
-
-class Run(Record):
-    """A run as this process knows it: also its metrics, models and training task, and
-    the (time, round) it began training at in this process, for the estimate of the rest."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    live: LiveMetricsReleaseManager = Field(default_factory=LiveMetricsReleaseManager)
-    models: list[str] = []
-    cancel_scope: anyio.CancelScope | None = None
-    done: anyio.Event = Field(default_factory=anyio.Event)
-    pace: tuple[float, int] | None = None
+    metrics: LiveMetrics = Field(default_factory=LiveMetrics, exclude=True)
+    evaluation: LiveMetrics = Field(default_factory=LiveMetrics, exclude=True)  # held out
+    models: list[str] = Field(default=[], exclude=True)
+    cancel_scope: anyio.CancelScope | None = Field(default=None, exclude=True)
+    done: anyio.Event = Field(default_factory=anyio.Event, exclude=True)
+    pace: tuple[float, int] | None = Field(default=None, exclude=True)
 
     def summary(self) -> dict[str, Any]:
         """What ``GET /runs`` shows of the run."""
-        latest, held_out = self.live.latest(), self.live.latest(EVALUATION)
+        latest, held_out = self.metrics.latest(), self.evaluation.latest()
         round_num = latest["round"] if latest else 0
         now, (since, first) = time.time(), self.pace or (0, round_num)
         done = round_num - first if self.status == RUNNING else 0
@@ -92,20 +86,19 @@ class Run(Record):
         }
 
 
-class RunRegistry:
-    """The runs of one data directory, trained (``max_running`` at once) while open.
+_INDEX = TypeAdapter(list[Run])
 
-    Made, it holds the directory's lock and knows the runs ``runs.json`` records
-    (``DataDirectoryError`` if another service holds it or the file is damaged); leaving
-    :meth:`open` releases the lock.
-    """
+
+class RunRegistry:
+    """The runs of one data directory, its lock held from now on (``DataDirectoryError``
+    if it cannot be served) until :meth:`open` is left; trained ``max_running`` at once."""
 
     def __init__(self, data_dir: Path, max_running: int = 4) -> None:
         self.data_dir, self.max_running = data_dir, max_running
         self.failure: str | None = None  # why the last write of runs.json failed
         self._lock = _lock(data_dir)
         try:  # oldest first
-            self.runs = {record.id: self._load(record) for record in read_index(data_dir)}
+            self.runs = {run.id: self._load(run) for run in read_index(data_dir)}
         except BaseException:
             os.close(self._lock)
             raise
@@ -114,17 +107,17 @@ class RunRegistry:
         self._index_lock = anyio.Lock()
         self._task_group: TaskGroup | None = None
 
-    def _load(self, record: Record) -> Run:
-        directory = self.path(record)
-        live = LiveMetricsReleaseManager(
-            read_points(directory / "metrics.csv"), read_points(directory / "evaluation.csv")
-        )
-        return Run(**dict(record), live=live, models=_models(directory))
+    def _load(self, run: Run) -> Run:
+        directory = self.path(run)
+        run.metrics = LiveMetrics(read_points(directory / "metrics.csv"))
+        run.evaluation = LiveMetrics(read_points(directory / "evaluation.csv"))
+        run.models = _models(directory)
+        return run
 
     async def _thread(self, function: Callable[..., Any], *arguments: Any) -> Any:
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self._io)
 
-    def path(self, run: Record) -> Path:
+    def path(self, run: Run) -> Path:
         """The directory ``run`` trains in."""
         return self.data_dir / RUNS / run.id
 
@@ -145,7 +138,8 @@ class RunRegistry:
                         logger.info("resuming run %s in %s", run.id, self.path(run))
                         self._task_group.start_soon(self._supervise, run)
                     else:
-                        await run.live.aclose()
+                        await run.metrics.aclose()
+                        await run.evaluation.aclose()
                         run.done.set()
                 yield
                 self._task_group.cancel_scope.cancel()
@@ -200,15 +194,16 @@ class RunRegistry:
         with anyio.CancelScope() as run.cancel_scope:
             try:
                 async with self._slots:
-                    run.pace = (time.time(), (run.live.latest() or {"round": 0})["round"])
-                    await train(run.config, self.path(run), run.live)
+                    run.pace = (time.time(), (run.metrics.latest() or {"round": 0})["round"])
+                    await train(run.config, self.path(run), run.metrics, run.evaluation)
             except Exception as error:
                 logger.exception("run %s failed", run.id)
                 await self._end(run, FAILED, f"{type(error).__name__}: {error}")
             else:
                 await self._end(run, FINISHED, None)
             finally:
-                await run.live.aclose()
+                await run.metrics.aclose()
+                await run.evaluation.aclose()
                 run.done.set()
             # A cancelled run does not get here: its status stays as the canceller left
             # it, "cancelled" after a DELETE, still "running" after a shutdown.
@@ -260,7 +255,7 @@ def _lock(data_dir: Path) -> int:
     return descriptor
 
 
-def read_index(data_dir: Path) -> list[Record]:
+def read_index(data_dir: Path) -> list[Run]:
     """The runs ``runs.json`` in ``data_dir`` records; ``DataDirectoryError`` if it is not that."""
     path = data_dir / INDEX
     try:

@@ -11,7 +11,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from programlogic import FileRun, FileRunEvaluation, LocalContext, train_model
-from samples.service.live_metrics import LiveMetricsReleaseManager
+from samples.service.live_metrics import LiveMetrics
 
 __all__ = ["RunConfig", "load_training", "train"]
 
@@ -71,15 +71,18 @@ def _build(config: RunConfig) -> tuple[Any, Any]:
     return process, build_fed_eval(model_fn, train_process=process)
 
 
-async def train(config: RunConfig, directory: Path, live: LiveMetricsReleaseManager) -> None:
-    """Train (or resume) the run of ``config`` in ``directory``, its metrics to ``live``."""
-    process, evaluation = await anyio.to_thread.run_sync(_build, config)
+async def train(
+    config: RunConfig, directory: Path, metrics: LiveMetrics, evaluation: LiveMetrics
+) -> None:
+    """Train (or resume) the run of ``config`` in ``directory``, its training and held-out
+    metrics released to ``metrics`` and ``evaluation``."""
+    process, fed_eval = await anyio.to_thread.run_sync(_build, config)
     held_out = FileRunEvaluation(
-        evaluation, _digits().test, cohort_size=4, metrics_managers=[live.evaluation]
+        fed_eval, _digits().test, cohort_size=4, metrics_managers=[evaluation]
     )
     async with (
         LocalContext(max_workers=1),
-        FileRun(directory, metrics_managers=[live], evaluation=held_out) as run,
+        FileRun(directory, metrics_managers=[metrics], evaluation=held_out) as run,
     ):
         await train_model(
             train_process=process,
