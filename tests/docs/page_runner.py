@@ -7,11 +7,11 @@ nothing more runs.
 """
 
 import contextlib
-import io
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -30,10 +30,31 @@ def run_block(block: dict, namespace: dict, index: int) -> str:
         return _shell(command, where)
     if block["language"] == "bash":
         return _shell(["bash", "-euo", "pipefail", "-c", block["code"]], where)
-    captured = io.StringIO()
-    with contextlib.redirect_stdout(captured):
+    with _stdout_captured() as captured:
         exec(compile(block["code"], where, "exec"), namespace)
-    return captured.getvalue()
+    try:
+        return captured.read_text()
+    finally:
+        captured.unlink()
+
+
+@contextlib.contextmanager
+def _stdout_captured():
+    """File descriptor 1 into a file while the block runs, so that what its subprocesses
+    and extension modules print counts too (TFF hands its worker process that descriptor)."""
+    descriptor, name = tempfile.mkstemp(prefix="docs-block-", suffix=".out")
+    os.close(descriptor)
+    captured = Path(name)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with captured.open("wb") as file:
+        os.dup2(file.fileno(), 1)
+    try:
+        yield captured
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _shell(command: list[str], where: str) -> str:

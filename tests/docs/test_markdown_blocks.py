@@ -82,3 +82,17 @@ async def test_python_blocks_import_what_file_blocks_wrote(tmp_path):
     directory = tmp_path / "run"
     directory.mkdir()
     assert run_page(page(tmp_path, text), None, directory) == []
+
+
+async def test_what_a_block_s_subprocesses_print_is_its_output_too(tmp_path):
+    text = (
+        "'''python\nimport subprocess, sys\nprint('from the block', flush=True)\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"from a child\")'], check=True)\n'''\n"
+        "'''text title=\"Output\"\nfrom the block\nfrom a child\n'''\n"
+    )
+    directory = tmp_path / "run"
+    directory.mkdir()
+    assert run_page(page(tmp_path, text), None, directory) == []
+    assert sorted(path.name for path in directory.iterdir()) == [
+        "bench", "blocks.json", "results.json", "samples"
+    ]  # fmt: skip
