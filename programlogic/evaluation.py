@@ -127,7 +127,10 @@ class EvaluationManager(AsyncClosing):
             ["release"],
             allow_none=True,
         )
-        data_source.iterator(0).select(cohort_size, 0)  # a ValueError if too large
+        try:
+            data_source.iterator(0).select(cohort_size, 0)
+        except ValueError as error:  # more clients than the source holds
+            raise ValueError(f"cohort_size={cohort_size}: {error}") from None
         self._data_source = data_source
         self._aggregated = aggregated_metrics_manager
         self._create_state_manager = create_state_manager_fn

@@ -421,7 +421,7 @@ async def test_evaluate_once_uses_every_client_of_a_test_set() -> None:
     ("overrides", "error", "message"),
     [
         ({"cohort_size": 0}, ValueError, "cohort_size must be an int >= 1, got 0"),
-        ({"cohort_size": 9}, ValueError, "cannot select 9 distinct clients"),
+        ({"cohort_size": 9}, ValueError, "cohort_size=9: cannot select 9 distinct clients"),
         ({"cohort_size": 2.0}, TypeError, "cohort_size must be an int"),
         ({"max_concurrent": 0}, ValueError, "max_concurrent must be an int >= 1 or None, got 0"),
         ({"duration": -MINUTE}, ValueError, "duration must be a timedelta >= 0"),
