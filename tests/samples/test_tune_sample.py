@@ -83,3 +83,17 @@ async def test_a_small_study_prints_its_best_trial_saves_plots_and_resumes(tmp_p
         "repeat its flags to resume, or pick another --root"
     )
     assert len(load_study(root).trials) == 3
+
+
+async def test_help_shows_each_written_default_once_and_no_missing_one():
+    completed = subprocess.run(
+        [sys.executable, str(SAMPLES / "tune.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    text = " ".join(completed.stdout.split())  # argparse wraps lines
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(default: 0)" in text  # --seed's, though 0 is falsy
+    assert text.count("(default: CPUs)") == 1 and "(default: sqlite:///<root>/study.db)" in text
