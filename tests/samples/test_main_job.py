@@ -221,7 +221,7 @@ def write_hdf5_clients(path: pathlib.Path) -> None:
             "argument --emnist-test: no file at {tmp}/b.h5",
         ),
         (
-            ["--dataset", "emnist", "--emnist-train", "{tmp}/a_train.h5"],
+            ["--dataset", "emnist", "--emnist-train", "{tmp}/a_train.h5", "--root", "{tmp}/run"],
             "argument --emnist-test: federated HDF5 file {tmp}/a_test.h5 not found "
             "(the default beside --emnist-train)",
         ),

@@ -54,10 +54,12 @@ async def test_a_registry_that_cannot_write_refuses_new_runs_and_health_tells(tm
         # short run fails.
         (tmp_path / "runs.json").unlink()
         (tmp_path / "runs.json").mkdir()
+        # The run is seen finished just before the registry records it: wait for both.
         with anyio.fail_after(120):  # a hang guard only
-            while (await service.get(f"/runs/{short['id']}")).json()["status"] == "running":
+            while (await service.get(f"/runs/{short['id']}")).json()["status"] == "running" or (
+                health := await service.get("/health")
+            ).status_code == 200:
                 await anyio.sleep(0.1)
-        health = await service.get("/health")
         assert health.status_code == 503
         assert health.json()["status"] == "failed"
         assert "IsADirectoryError" in health.json()["error"]
