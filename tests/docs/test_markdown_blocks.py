@@ -16,6 +16,13 @@ def page(tmp_path, text):
     return path
 
 
+def run(tmp_path, text, need=None):
+    """What went wrong running the page ``text`` for ``need``, in ``tmp_path / "run"``."""
+    directory = tmp_path / "run"
+    directory.mkdir(exist_ok=True)
+    return run_page(page(tmp_path, text), need, directory)
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
@@ -39,25 +46,19 @@ async def test_blocks_share_a_namespace_and_their_output_is_checked(tmp_path):
         "'''python\nx = 40\n'''\n"
         "'''python\nprint(x + 2, 'and more')\n'''\n'''text title=\"Output\"\n42 ...\n'''\n"
     )
-    directory = tmp_path / "run"
-    directory.mkdir()
-    assert run_page(page(tmp_path, text), None, directory) == []
+    assert run(tmp_path, text) == []
 
 
 async def test_output_other_than_the_page_shows_fails(tmp_path):
     text = "'''python\nprint(41)\n'''\n'''text title=\"Output\"\n42\n'''\n"
-    directory = tmp_path / "run"
-    directory.mkdir()
-    [failure] = run_page(page(tmp_path, text), None, directory)
+    [failure] = run(tmp_path, text)
     assert "page.md:1 printed other output than the page shows" in failure
     assert "41" in failure
 
 
 async def test_a_failing_block_stops_the_page_naming_its_line(tmp_path):
     text = "'''python\nx = 1\n'''\n\n'''bash\nexit 3\n'''\n'''python\nprint('never')\n'''\n"
-    directory = tmp_path / "run"
-    directory.mkdir()
-    [failure] = run_page(page(tmp_path, text), None, directory)
+    [failure] = run(tmp_path, text)
     assert "page.md:5 failed" in failure and "exited with status 3" in failure
 
 
@@ -79,9 +80,7 @@ async def test_python_blocks_import_what_file_blocks_wrote(tmp_path):
         "<!-- docs: file helper.py -->\n'''python\nVALUE = 7\n'''\n"
         "'''python\nimport helper\nprint(helper.VALUE)\n'''\n'''text title=\"Output\"\n7\n'''\n"
     )
-    directory = tmp_path / "run"
-    directory.mkdir()
-    assert run_page(page(tmp_path, text), None, directory) == []
+    assert run(tmp_path, text) == []
 
 
 async def test_what_a_block_s_subprocesses_print_is_its_output_too(tmp_path):
@@ -90,9 +89,7 @@ async def test_what_a_block_s_subprocesses_print_is_its_output_too(tmp_path):
         "subprocess.run([sys.executable, '-c', 'print(\"from a child\")'], check=True)\n'''\n"
         "'''text title=\"Output\"\nfrom the block\nfrom a child\n'''\n"
     )
-    directory = tmp_path / "run"
-    directory.mkdir()
-    assert run_page(page(tmp_path, text), None, directory) == []
-    assert sorted(path.name for path in directory.iterdir()) == [
+    assert run(tmp_path, text) == []
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == [
         "bench", "blocks.json", "results.json", "samples"
     ]  # fmt: skip
