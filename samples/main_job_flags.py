@@ -59,6 +59,7 @@ __all__ = [
     "SERVER_LEARNING_RATES",
     "DamagedConfigError",
     "OtherRunError",
+    "WrittenDefaults",
     "check_config",
     "flag_error",
     "parse_arguments",
@@ -161,6 +162,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Federated averaging on real data, resumable (rerun to resume); "
         "samples/main_job_flags.py explains each flag.",
+        formatter_class=WrittenDefaults,
     )
     data = _group(parser, "data")
     data(
@@ -301,22 +303,21 @@ ROUNDS_HELP = (
 )
 
 
+class WrittenDefaults(argparse.HelpFormatter):
+    """``--help`` with each flag's help followed by its default, where the flag has one
+    (not ``None`` or ``False``) and its help does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False
+        if unset or action.default == argparse.SUPPRESS or "(default:" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _group(parser: argparse.ArgumentParser, title: str) -> Callable[..., argparse.Action]:
-    """A function adding flags under ``title`` in ``--help``, each help followed by its
-    default where the flag has one and its help does not say it."""
-    group = parser.add_argument_group(title)
-
-    def add(*flags: str, **options: Any) -> argparse.Action:
-        default = options.get("default")
-        if (
-            default is not None
-            and default is not False
-            and "(default:" not in options.get("help", "")
-        ):
-            options["help"] = f"{options.get('help', '')} (default: %(default)s)"
-        return group.add_argument(*flags, **options)
-
-    return add
+    """A function adding flags under ``title`` in ``--help``."""
+    return parser.add_argument_group(title).add_argument
 
 
 def flag_error(flag: str, message: str) -> NoReturn:

@@ -49,6 +49,7 @@ from main_job import HELD_OUT_ACCURACY, build_process, import_tensorflow
 from main_job_flags import (
     DamagedConfigError,
     OtherRunError,
+    WrittenDefaults,
     check_config,
     record_config,
     whole_number,
@@ -245,22 +246,11 @@ def check_study_flags(arguments: argparse.Namespace) -> None:
     record_config(arguments.root, flags)
 
 
-class _WrittenDefaults(argparse.HelpFormatter):
-    """Each help followed by its flag's default, where it has one its help does not say."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        unset = action.default is None or action.default is False
-        if unset or action.default == argparse.SUPPRESS or "(default:" in text:
-            return text
-        return f"{text} (default: %(default)s)"
-
-
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked: a bad value exits with a one-line error."""
     parser = argparse.ArgumentParser(
         description="Tune FedAvg's learning rates and local epochs (rerun to resume).",
-        formatter_class=_WrittenDefaults,
+        formatter_class=WrittenDefaults,
     )
     parser.add_argument("--trials", type=whole_number(1), default=20, help="trials in the study")
     parser.add_argument(
