@@ -37,11 +37,11 @@ def _cases() -> list:
         try:
             page = parse_page(path)
         except PageError as error:
-            cases.append(pytest.param(path, None, str(error), id=name))
+            cases.append(pytest.param(None, None, str(error), id=name))
             continue
         if page.need is None:
-            cases.append(pytest.param(path, None, None, id=name))
-        cases += [pytest.param(path, need, None, id=f"{name}[{need}]") for need in page.needs()]
+            cases.append(pytest.param(page, None, None, id=name))
+        cases += [pytest.param(page, need, None, id=f"{name}[{need}]") for need in page.needs()]
     return cases
 
 
@@ -54,15 +54,15 @@ def _blocks_to_run(page: Page, need: str | None) -> list:
     ]
 
 
-def run_page(path: Path, need: str | None, directory: Path) -> list[str]:
-    """Run the blocks of ``path`` a run for ``need`` (None: the main test command) runs,
+def run_page(page: Page, need: str | None, directory: Path) -> list[str]:
+    """Run the blocks of ``page`` a run for ``need`` (None: the main test command) runs,
     in ``directory``; what went wrong, one message a block (empty if all ran as shown)."""
-    page = parse_page(path)
     blocks = _blocks_to_run(page, need)
     if not blocks:
         return []
     for name in ("samples", "bench"):
         (directory / name).symlink_to(ROOT / name)
+    path = page.path
     shown = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
     (directory / "blocks.json").write_text(
         json.dumps(
@@ -109,13 +109,13 @@ def run_page(path: Path, need: str | None, directory: Path) -> list[str]:
     return failures
 
 
-@pytest.mark.parametrize(("path", "need", "broken"), _cases())
-async def test_the_page_runs_as_shown(path: Path, need: str | None, broken: str | None, tmp_path):
+@pytest.mark.parametrize(("page", "need", "broken"), _cases())
+async def test_the_page_runs_as_shown(page: Page, need: str | None, broken: str | None, tmp_path):
     if broken:
         pytest.fail(broken)
     if need is not None and need not in AVAILABLE:
         pytest.skip(f"needs {need}: runs where PROGRAMLOGIC_DOCS_NEEDS names it (a CI step)")
     if need is None and AVAILABLE:
         pytest.skip(f"PROGRAMLOGIC_DOCS_NEEDS={','.join(sorted(AVAILABLE))}: needs only")
-    failures = run_page(path, need, tmp_path)
+    failures = run_page(page, need, tmp_path)
     assert not failures, "\n\n".join(failures)

@@ -20,7 +20,7 @@ def run(tmp_path, text, need=None):
     """What went wrong running the page ``text`` for ``need``, in ``tmp_path / "run"``."""
     directory = tmp_path / "run"
     directory.mkdir(exist_ok=True)
-    return run_page(page(tmp_path, text), need, directory)
+    return run_page(parse_page(page(tmp_path, text)), need, directory)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ async def test_a_needs_block_runs_only_for_its_need(tmp_path):
     for need in (None, "ray"):
         directory = tmp_path / f"run-{need}"
         directory.mkdir()
-        assert run_page(path, need, directory) == []
+        assert run_page(parse_page(path), need, directory) == []
         assert (directory / "b").exists() == (need == "ray") and (directory / "a").exists()
 
 
