@@ -25,6 +25,7 @@ PAGES = sorted(
     for path in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
     if "_tools" not in path.relative_to(ROOT).parts
 )
+_TERMINAL_CHANGING = {"CI", "BUILD_NUMBER", "PYTEST_ADDOPTS"}
 AVAILABLE = {need for need in os.environ.get("PROGRAMLOGIC_DOCS_NEEDS", "").split(",") if need}
 TIMEOUT_S = 900
 CHECKER, OPTIONS = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -73,9 +74,12 @@ def run_page(page: Page, need: str | None, directory: Path) -> list[str]:
             ]
         )
     )
-    environment = os.environ | {
+    # The page shows what a reader's terminal shows. pytest prints whole assertion diffs
+    # and summary lines where CI or BUILD_NUMBER is set, and sizes lines to COLUMNS.
+    environment = {k: v for k, v in os.environ.items() if k not in _TERMINAL_CHANGING} | {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "TF_CPP_MIN_LOG_LEVEL": "3",
+        "COLUMNS": "80",
     }
     runner = str(Path(__file__).with_name("page_runner.py"))
     completed = subprocess.run(
