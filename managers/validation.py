@@ -31,6 +31,7 @@ __all__ = [
     "check_interface",
     "check_number",
     "check_path",
+    "check_seconds",
     "check_shape",
     "check_str",
     "check_timedelta",
@@ -148,6 +149,16 @@ def check_timedelta(
     if (minimum is not None and value < minimum) or (above is not None and value <= above):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return value
+
+
+def check_seconds(name: str, value: Any) -> float | None:
+    """A duration given as seconds (a number above 0) or a ``timedelta``, as float seconds;
+    None for None or an infinite number (no limit)."""
+    if isinstance(value, datetime.timedelta):
+        return check_timedelta(name, value, above=datetime.timedelta(0)).total_seconds()
+    if check_number(name, value, above=0, allow_none=True) is None or math.isinf(value):
+        return None
+    return float(value)
 
 
 def check_str(name: str, value: Any, *, allow_empty: bool = True, allow_none: bool = False) -> Any:

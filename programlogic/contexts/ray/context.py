@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import collections
 import datetime
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from managers.validation import check_int, check_number, check_str, check_timedelta, check_type
+from managers.validation import check_int, check_number, check_seconds, check_str, check_type
 from programlogic.context import ClientFn, FederatedContext, GroupFn
 from programlogic.contexts._threads import WorkerThreads
 from programlogic.contexts.ray._pool import ActorPool, kill
@@ -29,16 +28,6 @@ __all__ = ["RayContext"]
 T = TypeVar("T")
 
 _NOT_ENTERED = "RayContext is not entered: use `async with RayContext():`"
-
-
-def _seconds(name: str, value: object) -> float | None:
-    if isinstance(value, datetime.timedelta):
-        value = check_timedelta(name, value, above=datetime.timedelta(0)).total_seconds()
-    if check_number(name, value, above=0, allow_none=True) is None:
-        return None
-    if math.isinf(value):
-        return None
-    return float(value)
 
 
 class RayContext(FederatedContext):
@@ -96,10 +85,10 @@ class RayContext(FederatedContext):
         for name, amount in resources_per_worker.items():
             check_str("a resource name of resources_per_worker", name)
             check_number(f"resources_per_worker[{name!r}]", amount, minimum=0)
-        self.round_deadline = _seconds("round_deadline", round_deadline)
+        self.round_deadline = check_seconds("round_deadline", round_deadline)
         check_int("min_clients", min_clients, minimum=1)
         check_int("max_retries", max_retries, minimum=0)
-        interval = _seconds("health_check_interval", health_check_interval)
+        interval = check_seconds("health_check_interval", health_check_interval)
         if interval is None:
             raise ValueError(f"health_check_interval must be finite, got {health_check_interval!r}")
         check_type("init_options", init_options, Mapping, allow_none=True)
