@@ -116,6 +116,7 @@ class FlowerContext(FederatedContext):
         self._client_of: dict[int, str] = {}
         self._hellos: dict[str, int] = {}
         self._asked: set[int] = set()
+        self._former: dict[str, int] = {}
 
     @property
     def parallelism(self) -> int:
@@ -164,7 +165,10 @@ class FlowerContext(FederatedContext):
 
         listed = set(await self._grid("get_node_ids"))
         for node_id in [node for node in self._client_of if node not in listed]:
-            self._node_of.pop(self._client_of.pop(node_id), None)
+            client_id = self._client_of.pop(node_id)
+            del self._node_of[client_id]
+            self._former[client_id] = node_id
+            logger.info("node %s of client %r is gone", node_id, client_id)
         new = sorted(listed - self._asked)
         if new:
             messages = [Message(RecordDict(), node_id, HELLO) for node_id in new]
@@ -200,7 +204,7 @@ class FlowerContext(FederatedContext):
         if not isinstance(client_id, str):
             logger.warning("node %s is no declared client: %s", node_id, answer.get("error"))
             return
-        old = self._node_of.get(client_id)
+        old = self._node_of.get(client_id, self._former.pop(client_id, None))
         if old is not None and old != node_id:
             self._client_of.pop(old, None)
             logger.info("client %r is now node %s (was %s)", client_id, node_id, old)

@@ -36,7 +36,8 @@ LIBRARY_PACKAGES = ("programlogic", "managers")
 """The packages whose code a message may always name."""
 
 _BUILTIN_CONTAINERS = frozenset(
-    {"bytearray", "complex", "frozenset", "list", "dict", "range", "set", "slice", "tuple"}
+    {"bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list"}
+    | {"range", "set", "slice", "str", "tuple"}
 )
 _NUMPY_CONSTRUCTORS = frozenset(
     {
