@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from managers.validation import check_callable
-from programlogic.contexts.flower import wire
 from programlogic.contexts.flower.nodes import CLIENT_ID_KEY, on_node
+from programlogic.contexts.flower.wire import LIBRARY_PACKAGES, decode, encode
 from programlogic.contexts.units import compute_unit
 from programlogic.exceptions import ClientError
 
@@ -100,15 +100,15 @@ def _compute(
         own = context.node_config.get(CLIENT_ID_KEY)
         if own is not None and own != client_id:
             raise RuntimeError(f"the work of client {client_id!r} reached the node of {own!r}")
-        fn, broadcast, grouped = wire.decode(payload["work"], trusted)
-        loader = wire.decode(payload["loader"], trusted)
+        fn, broadcast, grouped = decode(payload["work"], trusted)
+        loader = decode(payload["loader"], trusted)
         with on_node(load, context.node_config):
             results = compute_unit(fn, broadcast, [client_id], [loader], grouped)
-        return {"result": wire.encode(results)}
+        return {"result": encode(results)}
     except ClientError as error:
-        return {"error": wire.encode(ClientError(error.client_ids, _portable(error.error)))}
+        return {"error": encode(ClientError(error.client_ids, _portable(error.error)))}
     except Exception as error:  # the message could not be read: the client's work failed
-        return {"error": wire.encode(ClientError([client_id], _portable(error)))}
+        return {"error": encode(ClientError([client_id], _portable(error)))}
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -116,7 +116,7 @@ def _portable(error: BaseException) -> BaseException:
     kind = type(error)
     if kind.__module__ == "builtins" and getattr(builtins, kind.__name__, None) is kind:
         return error
-    if kind.__module__.partition(".")[0] in wire.LIBRARY_PACKAGES:
+    if kind.__module__.partition(".")[0] in LIBRARY_PACKAGES:
         return error
     return RuntimeError(f"{kind.__module__}.{kind.__qualname__}: {error}")
 

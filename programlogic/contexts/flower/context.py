@@ -14,8 +14,8 @@ import anyio
 from managers.validation import check_int, check_number, check_seconds
 from programlogic.context import ClientFn, FederatedContext, GroupFn, report_dropped_clients
 from programlogic.contexts._threads import WorkerThreads
-from programlogic.contexts.flower import wire
 from programlogic.contexts.flower.client import HELLO, RECORD, WORK
+from programlogic.contexts.flower.wire import decode, encode
 from programlogic.contexts.units import check_group_size
 from programlogic.exceptions import ClientError, NotEnoughClientsError
 
@@ -230,7 +230,7 @@ class FlowerContext(FederatedContext):
         deadline = math.inf if self.round_deadline is None else start + self.round_deadline
         ids = [client.client_id for client in clients]
         await self._handshake(wanted=ids)
-        work = await self.run(wire.encode, (fn, broadcast, group_size is not None))
+        work = await self.run(encode, (fn, broadcast, group_size is not None))
         call = _Call(self, ids, [client.loader for client in clients], work, deadline)
         try:
             kept = await call.hand_over(consume)
@@ -310,7 +310,7 @@ class _Call:
                     ConnectionError(f"no node of client {client_id!r} is connected")
                 )
                 continue
-            loader = await context.run(wire.encode, self.loaders[index])
+            loader = await context.run(encode, self.loaders[index])
             payload = ConfigRecord({"client-id": client_id, "work": self.work, "loader": loader})
             ttl = None
             if not math.isinf(self.deadline):  # a message not delivered by then never runs
@@ -340,8 +340,8 @@ class _Call:
             )
         answer = reply.content.config_records[RECORD]
         if "error" in answer:
-            return await self.context.run(wire.decode, answer["error"])
-        return await self.context.run(wire.decode, answer["result"])
+            return await self.context.run(decode, answer["error"])
+        return await self.context.run(decode, answer["result"])
 
     def _give_up(self) -> None:
         """At the deadline: the clients without an answer, sent or not, are lost."""
