@@ -203,3 +203,12 @@ async def test_the_node_data_hook_is_the_only_way_to_node_data() -> None:
 async def test_a_grid_must_be_a_flower_grid() -> None:
     with pytest.raises(TypeError, match=r"grid must be a Flower Grid.*push_messages"):
         FlowerContext(object())
+
+
+async def test_a_node_registered_under_a_name_is_that_client() -> None:
+    app = make_client_app(packages=[__name__])
+    with InProcessFederation(app, ["c0"], registered_names=["site-9"]) as federation:
+        async with FlowerContext(federation.grid) as context:
+            assert context.client_ids == ["c0", "site-9"]
+            clients = [ClientHandle(i, functools.partial(int, 0)) for i in ("site-9", "c0")]
+            assert await context.map_clients(_value, 0, clients) == ["site-9", "c0"]

@@ -5,7 +5,8 @@ message :class:`~programlogic.contexts.flower.FlowerContext` sends:
 
 - ``query.programlogic_hello``, the handshake: the node answers which declared client
   it is, the ``client-id`` of its node config (``flower-supernode --node-config
-  'client-id="site-3"'``);
+  'client-id="site-3"'``), or that it has none (then the server takes the name the node
+  is registered under, if any);
 - ``train.programlogic_work``: one client's work. The message names the work and the
   client's loader as importable references (see :mod:`programlogic.contexts.flower.wire`:
   code of ``programlogic``, ``managers`` or the app's own packages, nothing else); the
@@ -78,8 +79,9 @@ def make_client_app(
             answer["client-id"] = client_id
         else:
             answer["error"] = (
-                f"this node's config has no {CLIENT_ID_KEY!r} string (got {client_id!r}): "
-                f"start it with --node-config '{CLIENT_ID_KEY}=\"<declared client id>\"'"
+                f"this node's config has no {CLIENT_ID_KEY!r} string (got {client_id!r}) "
+                f"and it is registered under no name: start it with --node-config "
+                f"'{CLIENT_ID_KEY}=\"<declared client id>\"'"
             )
         return Message(RecordDict({RECORD: ConfigRecord(answer)}), reply_to=message)
 

@@ -49,9 +49,11 @@ class FlowerContext(FederatedContext):
     threads of this process.
 
     Each client is a node. On entering, and at each call for nodes that joined since,
-    the context asks every node which declared client it is (the ``client-id`` of its
-    node config; see :func:`~programlogic.contexts.flower.make_client_app`); a node
-    that restarts under a new Flower node id is found again the same way. Each client
+    the context asks every node which declared client it is: the ``client-id`` of its
+    node config (see :func:`~programlogic.contexts.flower.make_client_app`), else the
+    name it is registered under (``flwr supernode register --name``, with SuperNode
+    authentication). A node that restarts under a new Flower node id is found again
+    the same way. Each client
     of a call gets one message naming the work and the client's loader as importable
     references (never pickled code: see :mod:`programlogic.contexts.flower.wire`); the
     node runs it on its own data and answers. A group function gets a group of one
@@ -117,6 +119,7 @@ class FlowerContext(FederatedContext):
         self._hellos: dict[str, int] = {}
         self._asked: set[int] = set()
         self._former: dict[str, int] = {}
+        self._names: dict[int, str] = {}
 
     @property
     def parallelism(self) -> int:
@@ -171,6 +174,11 @@ class FlowerContext(FederatedContext):
             logger.info("node %s of client %r is gone", node_id, client_id)
         new = sorted(listed - self._asked)
         if new:
+            # A node registered under a name (SuperNode authentication) is that client
+            # unless its node config names another.
+            for info in await self._grid("get_nodes"):
+                if info.node_id in new and info.HasField("name") and info.name:
+                    self._names[info.node_id] = info.name
             messages = [Message(RecordDict(), node_id, HELLO) for node_id in new]
             for message_id, node_id in zip(
                 await self._grid("push_messages", messages), new, strict=True
@@ -200,7 +208,7 @@ class FlowerContext(FederatedContext):
             logger.warning("node %s did not answer the handshake: %s", node_id, reply.error.reason)
             return
         answer = reply.content.config_records[RECORD]
-        client_id = answer.get("client-id")
+        client_id = answer.get("client-id") or self._names.get(node_id)
         if not isinstance(client_id, str):
             logger.warning("node %s is no declared client: %s", node_id, answer.get("error"))
             return

@@ -29,16 +29,20 @@ __all__ = ["InProcessFederation"]
 
 
 class _Node:
-    def __init__(self, federation: InProcessFederation, node_config: dict[str, Any]) -> None:
+    def __init__(
+        self, federation: InProcessFederation, node_config: dict[str, Any], name: str | None
+    ) -> None:
         from flwr.common.constant import NOOP_ACCOUNT_NAME, NOOP_FLWR_AID
 
         state = federation._state
         self.config = node_config
+        self.name = name
         self.node_id = state.create_node(
             NOOP_FLWR_AID,
             NOOP_ACCOUNT_NAME,
             secrets.token_bytes(32),
             heartbeat_interval=federation.heartbeat_interval,
+            name=name,
         )
         state.acknowledge_node_heartbeat(self.node_id, federation.heartbeat_interval)
         self.stopped = threading.Event()
@@ -56,7 +60,9 @@ class InProcessFederation:
     """Nodes running ``client_app`` in threads of this process, behind Flower's own Grid.
 
     ``client_ids``: one node per id, its node config ``{"client-id": id}``;
-    ``node_configs``: more nodes, each with the config given. ``run_config``: what
+    ``node_configs``: more nodes, each with the config given; ``registered_names``: more
+    nodes with an empty config, registered under these names (as SuperNode
+    authentication registers a node with ``flwr supernode register --name``). ``run_config``: what
     ``context.run_config`` holds on the nodes. ``heartbeat_interval``: how long a
     stopped node stays listed online.
 
@@ -76,6 +82,7 @@ class InProcessFederation:
         client_ids: Sequence[str] = (),
         *,
         node_configs: Sequence[Mapping[str, Any]] = (),
+        registered_names: Sequence[str] = (),
         run_config: Mapping[str, Any] | None = None,
         heartbeat_interval: float = 30.0,
         poll_interval: float = 0.005,
@@ -89,8 +96,11 @@ class InProcessFederation:
         check_number("heartbeat_interval", heartbeat_interval, above=0)
         check_number("poll_interval", poll_interval, above=0)
         self.client_app = client_app
-        self._configs = [{CLIENT_ID_KEY: client_id} for client_id in client_ids]
-        self._configs += [dict(config) for config in node_configs]
+        self._configs: list[tuple[dict[str, Any], str | None]] = [
+            ({CLIENT_ID_KEY: client_id}, None) for client_id in client_ids
+        ]
+        self._configs += [(dict(config), None) for config in node_configs]
+        self._configs += [({}, name) for name in registered_names]
         self.run_config = dict(run_config or {})
         self.heartbeat_interval = float(heartbeat_interval)
         self.poll_interval = float(poll_interval)
@@ -135,8 +145,8 @@ class InProcessFederation:
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         grid = InMemoryGrid(factory)
         grid.set_run(self._state.get_run_info(run_ids=[self._run_id])[0])
-        for config in self._configs:
-            self._add(config)
+        for config, name in self._configs:
+            self._add(config, name)
         self._grid = grid
         return self
 
@@ -152,9 +162,9 @@ class InProcessFederation:
         self._nodes.clear()
         self._anonymous.clear()
 
-    def _add(self, config: dict[str, Any]) -> _Node:
-        node = _Node(self, config)
-        client_id = config.get(CLIENT_ID_KEY)
+    def _add(self, config: dict[str, Any], name: str | None) -> _Node:
+        node = _Node(self, config, name)
+        client_id = config.get(CLIENT_ID_KEY, name)
         if isinstance(client_id, str):
             self._nodes[client_id] = node
         else:
@@ -175,7 +185,7 @@ class InProcessFederation:
         node = self._node(client_id)
         if not node.stopped.is_set():
             self.stop_node(client_id)
-        return self._add(node.config).node_id
+        return self._add(node.config, node.name).node_id
 
     def _node(self, client_id: str) -> _Node:
         if self._grid is None:
