@@ -7,12 +7,12 @@ the last run stopped.
 
 from __future__ import annotations
 
-import programlogic
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
-from programlogic.contexts.flower import FlowerContext, node_data_source
 
+import programlogic
 from flower_app.program import Settings, train
+from programlogic.contexts.flower import FlowerContext, node_data_source
 
 app = ServerApp()
 
