@@ -354,7 +354,8 @@ def test_a_run_on_supernodes_writes_its_files_and_the_weights_local_context_give
     metrics = _rows(root / "metrics.csv")
     assert {row["client_work/train/num_examples"] for row in metrics} == {"1280"}
     assert [row["key"] for row in _rows(root / "evaluation.csv")] == ["0", "2", "4"]
-    assert (root / "model" / final_model_key(ROUNDS) / "model.keras").is_file()
+    assert f"the model: {root / 'model' / str(ROUNDS) / 'model.keras'}" in run.output()
+    assert (root / "model" / str(ROUNDS) / "model.keras").is_file()
     _assert_equal_weights(_final_weights(root), local_weights)
 
     again = deployment.run(root)  # a finished run: the rerun finds it done

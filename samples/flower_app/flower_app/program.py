@@ -114,7 +114,7 @@ async def train(
             seed=settings.seed,
             **run.train_model_arguments(),
         )
-    model = settings.root / "model" / final_model_key(result.round_num) / "model.keras"
+    model = keras_model.keras_path(final_model_key(result.round_num))
     print(
         f"{result.stop_reason} at round {result.round_num} (resumed from "
         f"{result.resumed_from}); the model: {model}",
