@@ -370,7 +370,7 @@ def test_a_run_on_supernodes_writes_its_files_and_the_weights_local_context_give
     "ClientApp (one node answered 8.5 s later, the other not within 100 s; the run is "
     "marked failed after ~98 s), so the rerun's handshake (10 s) misses them and round "
     "3 fails with ClientError 'no node of client ... is connected'",
-    strict=False,
+    strict=True,
 )
 def test_a_serverapp_killed_mid_run_resumes_to_the_uninterrupted_weights(
     deployment: Deployment, local_weights: list[np.ndarray], tmp_path: Path
