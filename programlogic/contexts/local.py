@@ -89,13 +89,24 @@ class LocalContext(FederatedContext):
         next_unit_to_run = 0
         next_unit_to_consume = 0
 
+        failed = False
+
         def compute(unit: list[ClientHandle]) -> list[Any]:
+            nonlocal failed
             ids = [client.client_id for client in unit]
-            return compute_unit(fn, broadcast, ids, [c.load for c in unit], group_size is not None)
+            try:
+                return compute_unit(
+                    fn, broadcast, ids, [c.load for c in unit], group_size is not None
+                )
+            except ClientError:
+                # Set on the worker thread as the work fails: another worker that the
+                # loop resumes first must not start a later unit meanwhile.
+                failed = True
+                raise
 
         async def worker() -> None:
             nonlocal next_unit_to_run, next_unit_to_consume
-            while next_unit_to_run < len(units):
+            while next_unit_to_run < len(units) and not failed:
                 index = next_unit_to_run
                 next_unit_to_run += 1
                 try:
