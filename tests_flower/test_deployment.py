@@ -129,169 +129,6 @@ class Run:
         return f"flwr run to round 1's checkpoint {start}; median round {median} ({len(rounds)})"
 
 
-class Deployment:
-    """A SuperLink and one SuperNode per client id, in ``directory``."""
-
-    def __init__(self, directory: Path, client_ids: Sequence[str]) -> None:
-        self.directory = directory
-        self.client_ids = list(client_ids)
-        self.home = directory / "flwr_home"
-        self.app = directory / "app"
-        self.port = _free_port()
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.runs = 0
-
-    def env(self) -> dict[str, str]:
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        return {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # flower-superexec
-            "PYTHONPATH": path,  # this checkout's programlogic in every Flower process
-            "FLWR_HOME": str(self.home),
-            "FLWR_TELEMETRY_ENABLED": "0",
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",  # default 1 s
-            "TF_CPP_MIN_LOG_LEVEL": "3",
-        }
-
-    def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
-        log = (self.directory / f"{name}.log").open("ab")
-        process = subprocess.Popen(
-            [str(BIN / args[0]), *args[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env(),
-            cwd=self.directory,
-            start_new_session=True,
-        )
-        log.close()
-        self.processes[name] = process
-        return process
-
-    def __enter__(self) -> Deployment:
-        self.home.mkdir(parents=True)
-        shutil.copytree(APP, self.app, ignore=shutil.ignore_patterns("__pycache__"))
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{FEDERATION}"\n\n'
-            f'[superlink.{FEDERATION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-        try:
-            self._spawn(
-                "superlink",
-                [
-                    "flower-superlink",
-                    "--insecure",
-                    "--disable-runtime-dependency-installation",
-                    "--port",
-                    str(self.port),
-                ],
-            )
-            self._wait_for_port(self.port)
-            for client_id in self.client_ids:
-                self.start_node(client_id)
-            for client_id in self.client_ids:
-                self.wait_for_node(client_id)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _wait_for_port(self, port: int, timeout: float = 60.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    return
-            time.sleep(0.2)
-        pytest.fail(f"nothing listens on port {port} after {timeout:.0f} s")
-
-    def start_node(self, client_id: str) -> None:
-        self._spawn(
-            f"node-{client_id}",
-            [
-                "flower-supernode",
-                "--insecure",
-                "--superlink",
-                f"127.0.0.1:{self.port}",
-                "--node-config",
-                f'client-id="{client_id}"',
-                "--port",
-                str(_free_port()),
-            ],
-        )
-
-    def wait_for_node(self, client_id: str, timeout: float = 60.0) -> None:
-        """Until the SuperNode has registered (its log names its node id)."""
-        log = self.directory / f"node-{client_id}.log"
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if "SuperNode ID:" in log.read_text(errors="replace"):
-                return
-            if self.processes[f"node-{client_id}"].poll() is not None:
-                break
-            time.sleep(0.2)
-        pytest.fail(f"the SuperNode of {client_id} did not register:\n{log.read_text()[-3000:]}")
-
-    def kill(self, name: str) -> None:
-        """SIGKILL a process and its children (its process group)."""
-        process = self.processes.pop(name)
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(timeout=10)
-
-    def run(self, root: Path, **overrides: Any) -> Run:
-        """``flwr run`` the app with the run config ``CONFIG``, ``root`` and ``overrides``."""
-        self.runs += 1
-        config = self.directory / f"run-config-{self.runs}.toml"
-        config.write_text(_toml({**CONFIG, "root": str(root), **overrides}))
-        name = f"flwr-run-{self.runs}"
-        process = self._spawn(
-            name,
-            ["flwr", "run", str(self.app), FEDERATION, "--run-config", str(config), "--stream"],
-        )
-        return Run(process, self.directory / f"{name}.log", root)
-
-    def serverapps(self) -> list[int]:
-        """The pids of this deployment's ServerApp processes (those with its FLWR_HOME)."""
-        pids = []
-        marker = f"FLWR_HOME={self.home}".encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                command = (entry / "cmdline").read_bytes()
-                if SERVERAPP.encode() in command and marker in (
-                    (entry / "environ").read_bytes().split(b"\0")
-                ):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-        return pids
-
-    def close(self) -> None:
-        for process in self.processes.values():
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # what SIGTERM left, children too
-            except ProcessLookupError:
-                pass
-            process.wait(timeout=10)
-        self.processes.clear()
-
-
 def _pem_key(key: ec.EllipticCurvePrivateKey, form: serialization.PrivateFormat) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, form, serialization.NoEncryption())
 
@@ -340,10 +177,47 @@ def make_node_key(directory: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
-class SecureDeployment(Deployment):
-    """A SuperLink with TLS, SuperNode authentication and a database; registered nodes."""
+class Deployment:
+    """A SuperLink (TLS, SuperNode authentication, a database) and one registered
+    SuperNode per client id, in ``directory``."""
 
-    def __enter__(self) -> SecureDeployment:
+    def __init__(self, directory: Path, client_ids: Sequence[str]) -> None:
+        self.directory = directory
+        self.client_ids = list(client_ids)
+        self.home = directory / "flwr_home"
+        self.app = directory / "app"
+        self.port = _free_port()
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.runs = 0
+
+    def env(self) -> dict[str, str]:
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        return {
+            **os.environ,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # flower-superexec
+            "PYTHONPATH": path,  # this checkout's programlogic in every Flower process
+            "FLWR_HOME": str(self.home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",  # default 1 s
+            "TF_CPP_MIN_LOG_LEVEL": "3",
+        }
+
+    def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        log = (self.directory / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            cwd=self.directory,
+            start_new_session=True,
+        )
+        log.close()
+        self.processes[name] = process
+        return process
+
+    def __enter__(self) -> Deployment:
         self.home.mkdir(parents=True)
         make_certificates(self.directory)
         shutil.copytree(APP, self.app, ignore=shutil.ignore_patterns("__pycache__"))
@@ -415,12 +289,92 @@ class SecureDeployment(Deployment):
             ],
         )
 
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _wait_for_port(self, port: int, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        pytest.fail(f"nothing listens on port {port} after {timeout:.0f} s")
+
+    def wait_for_node(self, client_id: str, timeout: float = 60.0) -> None:
+        """Until the SuperNode has registered (its log names its node id)."""
+        log = self.directory / f"node-{client_id}.log"
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if "SuperNode ID:" in log.read_text(errors="replace"):
+                return
+            if self.processes[f"node-{client_id}"].poll() is not None:
+                break
+            time.sleep(0.2)
+        pytest.fail(f"the SuperNode of {client_id} did not register:\n{log.read_text()[-3000:]}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a process and its children (its process group)."""
+        process = self.processes.pop(name)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=10)
+
+    def run(self, root: Path, **overrides: Any) -> Run:
+        """``flwr run`` the app with the run config ``CONFIG``, ``root`` and ``overrides``."""
+        self.runs += 1
+        config = self.directory / f"run-config-{self.runs}.toml"
+        config.write_text(_toml({**CONFIG, "root": str(root), **overrides}))
+        name = f"flwr-run-{self.runs}"
+        process = self._spawn(
+            name,
+            ["flwr", "run", str(self.app), FEDERATION, "--run-config", str(config), "--stream"],
+        )
+        return Run(process, self.directory / f"{name}.log", root)
+
+    def serverapps(self) -> list[int]:
+        """The pids of this deployment's ServerApp processes (those with its FLWR_HOME)."""
+        pids = []
+        marker = f"FLWR_HOME={self.home}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                command = (entry / "cmdline").read_bytes()
+                if SERVERAPP.encode() in command and marker in (
+                    (entry / "environ").read_bytes().split(b"\0")
+                ):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+        return pids
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # what SIGTERM left, children too
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=10)
+        self.processes.clear()
+
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """Two training writers' SuperNodes and a held-out writer's, TLS and authentication on."""
     directory = tmp_path_factory.mktemp("deployment")
-    with SecureDeployment(directory, [*TRAIN, *HELD_OUT]) as federation:
+    with Deployment(directory, [*TRAIN, *HELD_OUT]) as federation:
         yield federation
 
 

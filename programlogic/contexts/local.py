@@ -88,8 +88,7 @@ class LocalContext(FederatedContext):
         pending: dict[int, list[Any] | ClientError] = {}
         next_unit_to_run = 0
         next_unit_to_consume = 0
-
-        failed = False
+        failed = False  # no unit starts once one has failed
 
         def compute(unit: list[ClientHandle]) -> list[Any]:
             nonlocal failed
@@ -115,7 +114,6 @@ class LocalContext(FederatedContext):
                     # Raised once every earlier unit is handed over, so that what finished
                     # before a failure does not depend on which thread was faster.
                     pending[index] = error
-                    next_unit_to_run = len(units)
                 while next_unit_to_consume in pending:
                     results = pending.pop(next_unit_to_consume)
                     if isinstance(results, ClientError):

@@ -288,7 +288,7 @@ class _Call:
                     raise outcome
                 if isinstance(outcome, _Lost):
                     if self.context.round_deadline is None:
-                        raise ClientError([client_id], outcome.error) from outcome.error
+                        raise ClientError([client_id], outcome.error)
                 else:
                     for result in outcome:
                         consume(result)

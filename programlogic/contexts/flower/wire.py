@@ -9,7 +9,7 @@ as importable references and allows only:
 - classes and functions defined in ``programlogic``, ``managers`` or one of the
   packages the decoding side names (the Flower App's own package);
 - NumPy's array, dtype and scalar constructors, ``functools.partial``, and the built-in
-  containers and exception classes;
+  scalar, container and exception classes;
 - attribute access of non-dunder names (a bound method pickles as one).
 
 Anything else (``os.system``, a lambda's code, ``builtins.eval``, a class of a package
@@ -35,7 +35,7 @@ __all__ = ["LIBRARY_PACKAGES", "RefusedReference", "decode", "encode"]
 LIBRARY_PACKAGES = ("programlogic", "managers")
 """The packages whose code a message may always name."""
 
-_BUILTIN_CONTAINERS = frozenset(
+_BUILTIN_TYPES = frozenset(
     {"bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list"}
     | {"range", "set", "slice", "str", "tuple"}
 )
@@ -88,7 +88,7 @@ class _Unpickler(pickle.Unpickler):
             if name == "getattr":
                 return _attribute
             found = getattr(builtins, name, None)
-            if name in _BUILTIN_CONTAINERS or (
+            if name in _BUILTIN_TYPES or (
                 isinstance(found, type) and issubclass(found, BaseException)
             ):
                 return found
@@ -107,7 +107,7 @@ class _Unpickler(pickle.Unpickler):
         raise RefusedReference(
             f"a message named {module}.{name}, which this side refuses: only classes and "
             f"functions of the packages {list(self._packages)} (and NumPy's arrays and the "
-            "built-in containers and exceptions) may travel"
+            "built-in scalars, containers and exceptions) may travel"
         )
 
     def _trusted(self, module: str) -> bool:
