@@ -12,9 +12,8 @@ import pytest
 
 from programlogic.contexts.flower.nodes import NodeData, node_data_source, on_node
 from programlogic.contexts.flower.wire import RefusedReference, decode, encode
-from programlogic.datasets import Preprocessing, load_digits_writers
 from programlogic.exceptions import ClientError
-from programlogic.learning import build_weighted_fed_avg, sgd, softmax_regression
+from tests.programlogic.needs_learning import NEEDS_LEARNING
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +23,11 @@ class _Evil:
         return (os.system, ("echo owned",))
 
 
+@NEEDS_LEARNING
 async def test_the_library_s_work_weights_and_errors_travel_whole() -> None:
+    from programlogic.datasets import Preprocessing, load_digits_writers
+    from programlogic.learning import build_weighted_fed_avg, sgd, softmax_regression
+
     data = load_digits_writers()
     model_fn = functools.partial(softmax_regression, data.feature_shape, data.num_classes)
     process = build_weighted_fed_avg(
